@@ -1,0 +1,102 @@
+#include "address.hpp"
+
+#include "error.hpp"
+
+#include <netinet/in.h>
+
+#include <cstdio>
+#include <fstream>
+
+namespace common {
+
+std::string ToHex(std::span<const uint8_t> bytes) {
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string hex;
+  hex.reserve(bytes.size() * 2);
+  for (uint8_t b : bytes) {
+    hex.push_back(kDigits[b >> 4]);
+    hex.push_back(kDigits[b & 15]);
+  }
+  return hex;
+}
+
+static int HexValue(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+std::vector<uint8_t> FromHex(std::string_view hex) {
+  const std::string shown(hex.substr(0, 80));
+  if (hex.empty()) throw UsageError("address is empty");
+  for (size_t i = 0; i < hex.size(); ++i) {
+    if (HexValue(hex[i]) < 0)
+      throw UsageError("address '" + shown + "' is not hex (character " + std::to_string(i + 1) +
+                       ")");
+  }
+  if (hex.size() % 2 != 0)
+    throw UsageError("address '" + shown + "' has an odd number of hex digits (" +
+                     std::to_string(hex.size()) + ")");
+  std::vector<uint8_t> bytes(hex.size() / 2);
+  for (size_t i = 0; i < bytes.size(); ++i)
+    bytes[i] = static_cast<uint8_t>(HexValue(hex[2 * i]) << 4 | HexValue(hex[2 * i + 1]));
+  return bytes;
+}
+
+std::optional<size_t> AddressLength(uint32_t addr_format) {
+  switch (addr_format) {
+    case FI_SOCKADDR_IN: return sizeof(sockaddr_in);
+    case FI_SOCKADDR_IN6: return sizeof(sockaddr_in6);
+    case FI_ADDR_EFA: return 32;  // GID (16) + QPN (2) + pad (2) + QKEY (4) + pad (8)
+    default: return std::nullopt;
+  }
+}
+
+const char* AddressFormatName(uint32_t addr_format) {
+  switch (addr_format) {
+    case FI_SOCKADDR_IN: return "FI_SOCKADDR_IN";
+    case FI_SOCKADDR_IN6: return "FI_SOCKADDR_IN6";
+    case FI_ADDR_EFA: return "FI_ADDR_EFA";
+    case FI_ADDR_STR: return "FI_ADDR_STR";
+    default: return "provider-specific";
+  }
+}
+
+void CheckAddress(std::span<const uint8_t> address, const fi_info& info) {
+  const std::string provider = info.fabric_attr->prov_name;
+  if (auto want = AddressLength(info.addr_format)) {
+    if (address.size() != *want)
+      throw UsageError("address has " + std::to_string(address.size()) + " bytes, but " +
+                       provider + " addresses (" + AddressFormatName(info.addr_format) +
+                       ") have " + std::to_string(*want));
+    return;
+  }
+  if (info.addr_format == FI_ADDR_STR) {
+    // A name such as "fi_shm://1234": printable characters ending in one NUL.
+    bool printable = address.size() >= 2 && address.back() == 0;
+    for (size_t i = 0; printable && i + 1 < address.size(); ++i)
+      printable = address[i] >= 0x20 && address[i] < 0x7f;
+    if (!printable)
+      throw UsageError("address " + ToHex(address).substr(0, 80) + " is not a " + provider +
+                       " address (a NUL-terminated name such as fi_shm://1234)");
+  }
+}
+
+void PublishAddress(std::span<const uint8_t> address, const std::string& path) {
+  const std::string hex = ToHex(address);
+  std::printf("addr: %s\n", hex.c_str());
+  std::fflush(stdout);
+  if (path.empty()) return;
+  // Write to a temporary name and rename, so a reader never sees half an address.
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp);
+    out << hex << "\n";
+    if (!out) throw UsageError("cannot write address file '" + path + "'");
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0)
+    throw UsageError("cannot write address file '" + path + "'");
+}
+
+}  // namespace common

@@ -1,0 +1,32 @@
+// Endpoint addresses as hex text: the fi_getname blob of any provider (efa: 32 bytes,
+// tcp: a sockaddr, shm: a NUL-terminated name) printed as "addr: <hex>" and typed back in.
+#pragma once
+
+#include <rdma/fabric.h>
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace common {
+
+std::string ToHex(std::span<const uint8_t> bytes);
+
+// Throws UsageError naming the text when it is empty, not hex, or of odd length.
+std::vector<uint8_t> FromHex(std::string_view hex);
+
+// The exact address length for the provider's address format, or nullopt where the
+// length varies (FI_ADDR_STR names, as shm's).
+std::optional<size_t> AddressLength(uint32_t addr_format);
+const char* AddressFormatName(uint32_t addr_format);
+
+// Throws UsageError unless `address` has a shape the provider's format accepts.
+void CheckAddress(std::span<const uint8_t> address, const fi_info& info);
+
+// Prints "addr: <hex>" and, when `path` is not empty, writes the hex (and a newline) there.
+void PublishAddress(std::span<const uint8_t> address, const std::string& path);
+
+}  // namespace common

@@ -1,0 +1,79 @@
+// GPU memory through the CUDA runtime. Builds with or without CUDA: without it (or without
+// a driver or GPU) CudaDeviceCount() is 0 and allocating throws HardwareAbsent (exit 77).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace common {
+
+bool CudaBuilt();
+int CudaDeviceCount();
+// "NVIDIA H200" and "0000:53:00.0" (lower case) for a device.
+std::string CudaDeviceName(int device);
+std::string CudaPciBusId(int device);
+
+// A file descriptor with one owner (the dmabuf of a GPU buffer).
+class UniqueFd {
+ public:
+  UniqueFd() = default;
+  explicit UniqueFd(int fd) : fd_(fd) {}
+  UniqueFd(UniqueFd&& other) noexcept : fd_(other.fd_) { other.fd_ = -1; }
+  UniqueFd& operator=(UniqueFd&& other) noexcept;
+  UniqueFd(const UniqueFd&) = delete;
+  UniqueFd& operator=(const UniqueFd&) = delete;
+  ~UniqueFd();
+  int get() const { return fd_; }
+
+ private:
+  int fd_ = -1;
+};
+
+// cudaMalloc'd device memory.
+class CudaBuffer {
+ public:
+  CudaBuffer() = default;
+  CudaBuffer(size_t size, int device);
+  CudaBuffer(CudaBuffer&& other) noexcept;
+  CudaBuffer& operator=(CudaBuffer&& other) noexcept;
+  CudaBuffer(const CudaBuffer&) = delete;
+  CudaBuffer& operator=(const CudaBuffer&) = delete;
+  ~CudaBuffer();
+
+  void* data() const { return data_; }
+  size_t size() const { return size_; }
+  int device() const { return device_; }
+  void CopyFromHost(size_t offset, const void* src, size_t bytes);
+  void CopyToHost(void* dst, size_t offset, size_t bytes) const;
+  // A dmabuf for the whole buffer (cuMemGetHandleForAddressRange, looked up through the
+  // runtime so that nothing links libcuda); fd -1 where the driver does not offer it.
+  UniqueFd ExportDmabuf() const;
+
+ private:
+  void* data_ = nullptr;
+  size_t size_ = 0;
+  int device_ = 0;
+};
+
+// Page-locked host memory (cudaMallocHost): the bounce buffer when the provider cannot
+// register GPU memory, so copies to and from the GPU run at full speed.
+class PinnedBuffer {
+ public:
+  PinnedBuffer() = default;
+  explicit PinnedBuffer(size_t size);
+  PinnedBuffer(PinnedBuffer&& other) noexcept;
+  PinnedBuffer& operator=(PinnedBuffer&& other) noexcept;
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+  ~PinnedBuffer();
+
+  uint8_t* data() const { return data_; }
+  size_t size() const { return size_; }
+
+ private:
+  uint8_t* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+}  // namespace common

@@ -1,0 +1,29 @@
+// Page-aligned host memory with one owner.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+namespace common {
+
+// EFA wants 128-byte alignment; a page alignment also suits every other provider and
+// keeps each page of a transfer on its own pages of memory.
+inline constexpr size_t kBufferAlignment = 4096;
+
+class HostBuffer {
+ public:
+  HostBuffer() = default;
+  explicit HostBuffer(size_t size, size_t alignment = kBufferAlignment);
+  uint8_t* data() const { return data_.get(); }
+  size_t size() const { return size_; }
+
+ private:
+  struct Free {
+    void operator()(uint8_t* p) const noexcept;
+  };
+  std::unique_ptr<uint8_t, Free> data_;
+  size_t size_ = 0;
+};
+
+}  // namespace common

@@ -1,0 +1,138 @@
+#include "options.hpp"
+
+#include "error.hpp"
+
+#include <cctype>
+#include <cstdio>
+#include <limits>
+
+namespace common {
+
+uint64_t ParseSize(const std::string& text, const std::string& what) {
+  size_t used = 0;
+  unsigned long long value = 0;
+  bool ok = !text.empty() && std::isdigit(static_cast<unsigned char>(text[0]));
+  if (ok) {
+    try {
+      value = std::stoull(text, &used);
+    } catch (const std::exception&) {
+      ok = false;
+    }
+  }
+  int shift = 0;
+  if (ok && used < text.size()) {
+    std::string suffix = text.substr(used);
+    for (auto& c : suffix) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    if (suffix == "k" || suffix == "kb" || suffix == "kib") shift = 10;
+    else if (suffix == "m" || suffix == "mb" || suffix == "mib") shift = 20;
+    else if (suffix == "g" || suffix == "gb" || suffix == "gib") shift = 30;
+    else if (suffix == "t" || suffix == "tb" || suffix == "tib") shift = 40;
+    else ok = false;
+  }
+  if (ok && shift > 0 && value > (std::numeric_limits<uint64_t>::max() >> shift)) ok = false;
+  if (!ok)
+    throw UsageError("invalid size '" + text + "' for " + what + " (use a number with an " +
+                     "optional k, m or g suffix, e.g. 64k)");
+  return static_cast<uint64_t>(value) << shift;
+}
+
+const char* MemoryName(MemoryKind kind) {
+  switch (kind) {
+    case MemoryKind::kHost: return "host";
+    case MemoryKind::kCuda: return "cuda";
+    default: return "auto";
+  }
+}
+
+static void AddSize(CLI::App& app, const std::string& names, uint64_t* value,
+                    const std::string& help) {
+  std::string what = names.substr(names.rfind(',') + 1);
+  auto* opt = app.add_option_function<std::string>(
+      names, [value, what](const std::string& text) { *value = ParseSize(text, what); }, help);
+  opt->type_name("SIZE")->default_str(std::to_string(*value));
+}
+
+void AddOptions(CLI::App& app, Options& o, unsigned groups) {
+  app.set_help_flag("-h,--help", "Print this help and exit");
+  app.add_option("address", o.peer,
+                 "Server address (the hex after 'addr:'); without it this program is the server");
+  if (groups & kTextOptions)
+    app.add_option("text", o.text, "Message the client sends")->capture_default_str();
+  if (groups & kServeOptions) {
+    app.add_option("-p,--provider", o.provider,
+                   "libfabric provider: efa, verbs, tcp, shm, ... (default: first of efa, "
+                   "verbs;ofi_rxm, tcp;ofi_rxm that works here)");
+    app.add_option("--domain", o.domain, "libfabric domain (NIC) to use, e.g. lo or rdmap79s0");
+    app.add_option("--address-file", o.address_file,
+                   "Server: also write the address (hex) to this file");
+    app.add_option("--max-clients", o.max_clients,
+                   "Server: exit after serving this many clients (default: until SIGINT)")
+        ->check(CLI::PositiveNumber);
+    app.add_option("--timeout", o.timeout_s,
+                   "Client: seconds to wait for the server before giving up")
+        ->capture_default_str()
+        ->check(CLI::Range(0.1, 86400.0));
+  }
+  if (groups & kTransferOptions) {
+    app.add_option_function<std::string>(
+           "--memory",
+           [&o](const std::string& m) {
+             if (m == "host") o.memory = MemoryKind::kHost;
+             else if (m == "cuda") o.memory = MemoryKind::kCuda;
+             else throw UsageError("invalid --memory '" + m + "' (use host or cuda)");
+           },
+           "Memory for the pages: host or cuda (default: cuda when a GPU is present)")
+        ->type_name("host|cuda");
+    AddSize(app, "-S,--page-size", &o.page_size, "Bytes per page (suffixes k, m, g)");
+    AddSize(app, "--pages", &o.pages, "Pages per TRANSFER request");
+    AddSize(app, "--repeat", &o.repeat, "Times the page set is written");
+    app.add_option("--seed", o.seed, "Seed of the page data and page choice")
+        ->capture_default_str();
+    app.add_flag("--test-bad-page", o.test_bad_page,
+                 "Test only: ask for a page outside the region (the server must refuse)")
+        ->group("");
+    app.add_flag("--test-corrupt", o.test_corrupt,
+                 "Test only: damage one received byte before verifying (must exit 1)")
+        ->group("");
+  }
+  if (groups & kWindowOptions) {
+    AddSize(app, "-W,--window", &o.window, "WRITEs in flight at once, per lane");
+    AddSize(app, "--requests", &o.requests, "TRANSFER requests in flight per client");
+    app.add_flag("--json", o.json, "Print the summary as one JSON line");
+    app.add_option("--link-gbps", o.link_gbps,
+                   "Link rate for '% of link' when the provider cannot know it (tc shaping)")
+        ->check(CLI::PositiveNumber);
+  }
+  if (groups & kWarmupOptions)
+    AddSize(app, "-w,--warmup", &o.warmup, "Untimed WRITEs per lane before the timed run");
+  if (groups & kLaneOptions) {
+    AddSize(app, "--nics", &o.nics, "Lanes (NICs) to use (default: all of the group)");
+    app.add_option_function<std::string>(
+           "--wait",
+           [&o](const std::string& m) {
+             if (m == "spin") o.wait = WaitMode::kSpin;
+             else if (m == "block") o.wait = WaitMode::kBlock;
+             else throw UsageError("invalid --wait '" + m + "' (use spin or block)");
+           },
+           "Completion wait: spin (busy poll) or block (the provider's wait object)")
+        ->type_name("spin|block");
+  }
+}
+
+int ParseCommandLine(CLI::App& app, int argc, char** argv) {
+  try {
+    app.parse(argc, argv);
+    return -1;
+  } catch (const CLI::CallForHelp&) {
+    std::fputs(app.help().c_str(), stdout);
+    return kExitOk;
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "%s: %s (see --help)\n", app.get_name().c_str(), e.what());
+    return kExitUsage;
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "%s: %s\n", app.get_name().c_str(), e.what());
+    return kExitUsage;
+  }
+}
+
+}  // namespace common

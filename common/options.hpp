@@ -1,0 +1,66 @@
+// Command-line options shared by every stage (DESIGN.md, "Programs: the command-line
+// contract"), parsed with CLI11. A stage adds the groups it uses and its own switches.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <cstdint>
+#include <string>
+
+namespace common {
+
+enum class MemoryKind { kAuto, kHost, kCuda };
+enum class WaitMode { kSpin, kBlock };
+
+struct Options {
+  // Connection: no peer address means "serve".
+  std::string peer;
+  std::string provider;  // empty: efa, verbs;ofi_rxm, tcp;ofi_rxm, whichever answers first
+  std::string domain;
+  std::string address_file;
+  uint64_t max_clients = 0;  // 0: serve until SIGINT/SIGTERM
+  double timeout_s = 10;     // how long a client waits for its server to answer
+  // 01 and 02
+  std::string text = "Hello, world!";
+  // Transfers (03 onward)
+  MemoryKind memory = MemoryKind::kAuto;
+  uint64_t page_size = 64 * 1024;
+  uint64_t pages = 1024;
+  uint64_t repeat = 1;
+  uint64_t seed = 1;
+  bool json = false;
+  uint64_t window = 64;
+  uint64_t requests = 4;     // TRANSFER requests in flight per client (04 onward)
+  double link_gbps = 0;      // 0: sum of the link speeds libfabric reports
+  uint64_t warmup = 0;
+  // Lanes (06 onward)
+  uint64_t nics = 0;         // 0: every NIC of the group
+  WaitMode wait = WaitMode::kSpin;
+  // Test-only switches, to prove that errors are caught.
+  bool test_bad_page = false;
+  bool test_corrupt = false;
+};
+
+// Option groups a stage can ask for, by the first stage that teaches them.
+enum OptionGroup : unsigned {
+  kServeOptions = 1u << 0,     // -p, --domain, --address-file, --max-clients, --timeout
+  kTextOptions = 1u << 1,      // positional TEXT
+  kTransferOptions = 1u << 2,  // --memory, -S, --pages, --repeat, --seed, test switches
+  kWindowOptions = 1u << 3,    // -W, --requests, --json, --link-gbps
+  kWarmupOptions = 1u << 4,    // -w
+  kLaneOptions = 1u << 5,      // --nics, --wait
+};
+
+// Adds the groups' options to `app`, storing into `options`.
+void AddOptions(CLI::App& app, Options& options, unsigned groups);
+
+// Parses; returns -1 to go on, or the exit code to return now (0 after --help, 2 after
+// bad usage, with one line on stderr naming the bad value).
+int ParseCommandLine(CLI::App& app, int argc, char** argv);
+
+// "64k" -> 65536; suffixes k, m, g, t (powers of 1024). Throws UsageError naming `what`.
+uint64_t ParseSize(const std::string& text, const std::string& what);
+
+const char* MemoryName(MemoryKind kind);
+
+}  // namespace common

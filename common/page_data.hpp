@@ -1,0 +1,22 @@
+// Deterministic page contents and page choice: both sides regenerate them from the seed,
+// so the receiver can check every byte without the data ever being sent twice.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace common {
+
+// Fills `page` with the bytes of page `page_index` of the data set `seed`.
+void FillPage(std::span<uint8_t> page, uint64_t seed, uint64_t page_index);
+
+// Offset of the first byte that differs from FillPage's, or kPageOk.
+inline constexpr size_t kPageOk = static_cast<size_t>(-1);
+size_t VerifyPage(std::span<const uint8_t> page, uint64_t seed, uint64_t page_index);
+
+// `count` distinct page indices in [0, region_pages), in random order, from the seed.
+std::vector<uint32_t> SamplePages(uint64_t seed, size_t count, size_t region_pages);
+
+}  // namespace common
