@@ -45,11 +45,32 @@ const char* MemoryName(MemoryKind kind) {
 }
 
 static void AddSize(CLI::App& app, const std::string& names, uint64_t* value,
-                    const std::string& help) {
+                    const std::string& help, const char* type = "SIZE") {
   std::string what = names.substr(names.rfind(',') + 1);
   auto* opt = app.add_option_function<std::string>(
       names, [value, what](const std::string& text) { *value = ParseSize(text, what); }, help);
-  opt->type_name("SIZE")->default_str(std::to_string(*value));
+  opt->type_name(type)->default_str(std::to_string(*value));
+}
+
+static void AddSeconds(CLI::App& app, const std::string& names, double* value,
+                       const std::string& help) {
+  std::string what = names.substr(names.rfind(',') + 1);
+  auto* opt = app.add_option_function<std::string>(
+      names,
+      [value, what](const std::string& text) {
+        size_t used = 0;
+        double v = -1;
+        try {
+          v = std::stod(text, &used);
+        } catch (const std::exception&) {
+        }
+        if (used != text.size() || !(v > 0 && v <= 86400))
+          throw UsageError("invalid value '" + text + "' for " + what +
+                           " (seconds, more than 0 and at most 86400)");
+        *value = v;
+      },
+      help);
+  opt->type_name("SECONDS")->default_str(std::to_string(*value).substr(0, 4));
 }
 
 void AddOptions(CLI::App& app, Options& o, unsigned groups) {
@@ -65,13 +86,11 @@ void AddOptions(CLI::App& app, Options& o, unsigned groups) {
     app.add_option("--domain", o.domain, "libfabric domain (NIC) to use, e.g. lo or rdmap79s0");
     app.add_option("--address-file", o.address_file,
                    "Server: also write the address (hex) to this file");
-    app.add_option("--max-clients", o.max_clients,
-                   "Server: exit after serving this many clients (default: until SIGINT)")
-        ->check(CLI::PositiveNumber);
-    app.add_option("--timeout", o.timeout_s,
-                   "Client: seconds to wait for the server before giving up")
-        ->capture_default_str()
-        ->check(CLI::Range(0.1, 86400.0));
+    AddSize(app, "--max-clients", &o.max_clients,
+            "Server: exit after serving this many clients (default 0: until SIGINT/SIGTERM)",
+            "N");
+    AddSeconds(app, "--timeout", &o.timeout_s,
+               "Client: seconds to wait for the server before giving up");
   }
   if (groups & kTransferOptions) {
     app.add_option_function<std::string>(
@@ -84,8 +103,8 @@ void AddOptions(CLI::App& app, Options& o, unsigned groups) {
            "Memory for the pages: host or cuda (default: cuda when a GPU is present)")
         ->type_name("host|cuda");
     AddSize(app, "-S,--page-size", &o.page_size, "Bytes per page (suffixes k, m, g)");
-    AddSize(app, "--pages", &o.pages, "Pages per TRANSFER request");
-    AddSize(app, "--repeat", &o.repeat, "Times the page set is written");
+    AddSize(app, "--pages", &o.pages, "Pages per TRANSFER request", "N");
+    AddSize(app, "--repeat", &o.repeat, "Times the page set is written", "N");
     app.add_option("--seed", o.seed, "Seed of the page data and page choice")
         ->capture_default_str();
     app.add_flag("--test-bad-page", o.test_bad_page,
@@ -96,17 +115,17 @@ void AddOptions(CLI::App& app, Options& o, unsigned groups) {
         ->group("");
   }
   if (groups & kWindowOptions) {
-    AddSize(app, "-W,--window", &o.window, "WRITEs in flight at once, per lane");
-    AddSize(app, "--requests", &o.requests, "TRANSFER requests in flight per client");
+    AddSize(app, "-W,--window", &o.window, "WRITEs in flight at once, per lane", "N");
+    AddSize(app, "--requests", &o.requests, "TRANSFER requests in flight per client", "N");
     app.add_flag("--json", o.json, "Print the summary as one JSON line");
     app.add_option("--link-gbps", o.link_gbps,
                    "Link rate for '% of link' when the provider cannot know it (tc shaping)")
-        ->check(CLI::PositiveNumber);
+        ->check(CLI::PositiveNumber);  // CLI11 names the option and the value
   }
   if (groups & kWarmupOptions)
-    AddSize(app, "-w,--warmup", &o.warmup, "Untimed WRITEs per lane before the timed run");
+    AddSize(app, "-w,--warmup", &o.warmup, "Untimed WRITEs per lane before the timed run", "N");
   if (groups & kLaneOptions) {
-    AddSize(app, "--nics", &o.nics, "Lanes (NICs) to use (default: all of the group)");
+    AddSize(app, "--nics", &o.nics, "Lanes (NICs) to use (default 0: all of the group)", "N");
     app.add_option_function<std::string>(
            "--wait",
            [&o](const std::string& m) {

@@ -1,0 +1,72 @@
+// Every stage answers bad input with exit 2 and one line that names the bad value.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <string>
+
+#include "process.hpp"
+
+using namespace testing_support;
+using namespace std::chrono_literals;
+
+namespace {
+
+class BadInput : public ::testing::TestWithParam<std::string> {
+ protected:
+  // Runs the stage and checks: exit 2, exactly one line on stderr, naming `named`.
+  void ExpectUsageError(std::vector<std::string> args, const std::string& named) {
+    args.insert(args.begin(), StageBinary(GetParam()));
+    Result r = RunToEnd(args, 20s);
+    EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+    EXPECT_NE(r.err.find(named), std::string::npos) << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  }
+};
+
+TEST_P(BadInput, AddressNotHex) { ExpectUsageError({"-p", "shm", "xyz123"}, "'xyz123' is not hex"); }
+
+TEST_P(BadInput, AddressOddLength) {
+  ExpectUsageError({"-p", "shm", "abc"}, "'abc' has an odd number of hex digits");
+}
+
+TEST_P(BadInput, AddressWrongLengthForTcp) {
+  ExpectUsageError({"-p", "tcp", "--domain", "lo", "00112233"},
+                   "address has 4 bytes, but tcp;ofi_rxm addresses (FI_SOCKADDR_IN) have 16");
+}
+
+TEST_P(BadInput, AddressNotAShmName) {
+  ExpectUsageError({"-p", "shm", "00112233"}, "is not a shm address");
+}
+
+TEST_P(BadInput, UnknownProviderListsThisMachines) {
+  ExpectUsageError({"-p", "nosuchfabric", "00"}, "unknown provider 'nosuchfabric' (this machine has: ");
+  Result r = RunToEnd({StageBinary(GetParam()), "-p", "nosuchfabric"}, 20s);
+  EXPECT_NE(r.err.find("shm"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("tcp"), std::string::npos) << r.err;
+}
+
+TEST_P(BadInput, UnknownDomain) {
+  ExpectUsageError({"-p", "tcp", "--domain", "nosuchnic"}, "no domain 'nosuchnic'");
+}
+
+TEST_P(BadInput, UnknownOption) { ExpectUsageError({"--bogus"}, "--bogus"); }
+
+TEST_P(BadInput, SizeWithUnknownSuffix) {
+  ExpectUsageError({"--max-clients", "12q"}, "invalid size '12q' for --max-clients");
+}
+
+TEST_P(BadInput, TimeoutNotANumber) {
+  ExpectUsageError({"--timeout", "soon", "00"}, "invalid value 'soon' for --timeout");
+}
+
+TEST_P(BadInput, HelpExplainsAndExitsZero) {
+  Result r = RunToEnd({StageBinary(GetParam()), "--help"}, 20s);
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_NE(r.out.find("--provider"), std::string::npos);
+  EXPECT_NE(r.out.find("Lesson"), std::string::npos);
+}
+
+INSTANTIATE_TEST_SUITE_P(Stages, BadInput,
+                         ::testing::Values("01_send_recv", "02_bidirectional"));
+
+}  // namespace

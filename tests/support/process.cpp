@@ -1,0 +1,149 @@
+#include "process.hpp"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+#include <thread>
+
+namespace testing_support {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+static std::string Slurp(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+static std::string TempName(const char* tag) {
+  char name[] = "/tmp/e2e-XXXXXX";
+  int fd = mkstemp(name);
+  if (fd < 0) throw std::runtime_error("mkstemp failed");
+  close(fd);
+  return std::string(name) + tag;
+}
+
+Process::Process(std::vector<std::string> argv) {
+  out_path_ = TempName(".out");
+  err_path_ = TempName(".err");
+  std::vector<char*> args;
+  for (auto& a : argv) args.push_back(a.data());
+  args.push_back(nullptr);
+  pid_ = fork();
+  if (pid_ < 0) throw std::runtime_error("fork failed");
+  if (pid_ == 0) {
+    setpgid(0, 0);  // its own group, so a kill reaches anything it started
+    int out = open(out_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    int err = open(err_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(out, 1);
+    dup2(err, 2);
+    int devnull = open("/dev/null", O_RDONLY);
+    dup2(devnull, 0);
+    execv(args[0], args.data());
+    dprintf(2, "exec %s failed\n", args[0]);
+    _exit(127);
+  }
+}
+
+Process::Process(Process&& other) noexcept
+    : pid_(other.pid_), out_path_(std::move(other.out_path_)), err_path_(std::move(other.err_path_)) {
+  other.pid_ = -1;
+}
+
+Process::~Process() {
+  if (pid_ > 0) {
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+  }
+  std::error_code ec;
+  if (!out_path_.empty()) {
+    fs::remove(out_path_, ec);
+    fs::remove(err_path_, ec);
+    fs::remove(out_path_.substr(0, out_path_.size() - 4), ec);
+    fs::remove(err_path_.substr(0, err_path_.size() - 4), ec);
+  }
+}
+
+void Process::Signal(int sig) {
+  if (pid_ > 0) kill(pid_, sig);
+}
+
+std::string Process::Output() const { return Slurp(out_path_); }
+
+Result Process::Wait(std::chrono::duration<double> limit) {
+  Result r;
+  const auto deadline = Clock::now() + limit;
+  int status = 0;
+  bool term_sent = false;
+  auto kill_at = Clock::time_point::max();
+  while (true) {
+    pid_t w = waitpid(pid_, &status, WNOHANG);
+    if (w == pid_) break;
+    auto now = Clock::now();
+    if (!term_sent && now > deadline) {
+      r.timed_out = true;
+      kill(pid_, SIGTERM);
+      term_sent = true;
+      kill_at = now + std::chrono::seconds(3);
+    }
+    if (now > kill_at) kill(pid_, SIGKILL);
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  pid_ = -1;
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.out = Slurp(out_path_);
+  r.err = Slurp(err_path_);
+  return r;
+}
+
+Result RunToEnd(std::vector<std::string> argv, std::chrono::duration<double> limit) {
+  Process p(std::move(argv));
+  return p.Wait(limit);
+}
+
+std::string StageBinary(const std::string& stage) {
+  const char* dir = std::getenv("E2E_BUILD_DIR");
+  return std::string(dir ? dir : ".") + "/" + stage + "/" + stage;
+}
+
+TempDir::TempDir() {
+  char name[] = "/tmp/e2e-dir-XXXXXX";
+  if (mkdtemp(name) == nullptr) throw std::runtime_error("mkdtemp failed");
+  path_ = name;
+}
+
+TempDir::~TempDir() {
+  std::error_code ec;
+  fs::remove_all(path_, ec);
+}
+
+std::string WaitForLine(const std::string& path, std::chrono::duration<double> limit) {
+  const auto deadline = Clock::now() + limit;
+  while (Clock::now() < deadline) {
+    std::string text = Slurp(path);
+    if (auto nl = text.find('\n'); nl != std::string::npos) return text.substr(0, nl);
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return "";
+}
+
+long long NumberAfter(const std::string& text, const std::string& key) {
+  auto pos = text.rfind(key);
+  if (pos == std::string::npos) return -1;
+  pos += key.size();
+  size_t end = pos;
+  while (end < text.size() && std::isdigit(static_cast<unsigned char>(text[end]))) ++end;
+  if (end == pos) return -1;
+  return std::stoll(text.substr(pos, end - pos));
+}
+
+}  // namespace testing_support

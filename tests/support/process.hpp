@@ -1,0 +1,64 @@
+// Real processes for the end-to-end and cluster tests: start a stage binary, capture what
+// it prints, wait for it with a deadline, and never leave it running.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+namespace testing_support {
+
+struct Result {
+  int exit_code = -1;  // -1: killed by a signal or by the deadline
+  bool timed_out = false;
+  std::string out;
+  std::string err;
+};
+
+class Process {
+ public:
+  // Starts argv[0] with the given arguments; stdout and stderr go to temporary files.
+  explicit Process(std::vector<std::string> argv);
+  Process(Process&& other) noexcept;
+  Process& operator=(Process&&) = delete;
+  Process(const Process&) = delete;
+  ~Process();  // kills (SIGKILL) and reaps a process still running
+
+  pid_t pid() const { return pid_; }
+  // Waits until it exits or `limit` passes (then SIGTERM, and SIGKILL 3 s later).
+  Result Wait(std::chrono::duration<double> limit = std::chrono::seconds(60));
+  void Signal(int sig);
+  std::string Output() const;  // what it printed on stdout so far
+
+ private:
+  pid_t pid_ = -1;
+  std::string out_path_, err_path_;
+};
+
+// Runs to completion and returns what happened.
+Result RunToEnd(std::vector<std::string> argv,
+           std::chrono::duration<double> limit = std::chrono::seconds(60));
+
+// Path of a stage's executable in the build tree (from the E2E_BUILD_DIR environment).
+std::string StageBinary(const std::string& stage);
+
+// A fresh empty directory under /tmp, removed with everything in it by the destructor.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+// Waits for `path` to hold a whole line and returns it without the newline ("" on timeout).
+std::string WaitForLine(const std::string& path, std::chrono::duration<double> limit);
+
+// The decimal after `key` in `text` (e.g. "verified ", "\"verified_bytes\":"), or -1.
+long long NumberAfter(const std::string& text, const std::string& key);
+
+}  // namespace testing_support

@@ -1,0 +1,89 @@
+#include <gtest/gtest.h>
+
+#include "error.hpp"
+#include "options.hpp"
+
+using namespace common;
+
+TEST(ParseSize, PlainNumbersAndSuffixes) {
+  EXPECT_EQ(ParseSize("0", "-S"), 0u);
+  EXPECT_EQ(ParseSize("4096", "-S"), 4096u);
+  EXPECT_EQ(ParseSize("64k", "-S"), 65536u);
+  EXPECT_EQ(ParseSize("64K", "-S"), 65536u);
+  EXPECT_EQ(ParseSize("1m", "-S"), 1u << 20);
+  EXPECT_EQ(ParseSize("1MiB", "-S"), 1u << 20);
+  EXPECT_EQ(ParseSize("2g", "-S"), 2ull << 30);
+  EXPECT_EQ(ParseSize("3t", "-S"), 3ull << 40);
+}
+
+TEST(ParseSize, RejectsNamingTheValueAndOption) {
+  for (const char* bad : {"12q", "", "k", "-1", "1.5k", " 1", "1 k", "99999999999999999999",
+                          "16777216t"}) {
+    try {
+      ParseSize(bad, "--page-size");
+      FAIL() << bad;
+    } catch (const UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find("'" + std::string(bad) + "' for --page-size"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+}
+
+// Parses a command line the way a stage does; returns ParseCommandLine's answer.
+static int Parse(Options& options, unsigned groups, std::vector<std::string> args) {
+  CLI::App app{"test", "prog"};
+  AddOptions(app, options, groups);
+  args.insert(args.begin(), "prog");
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  return ParseCommandLine(app, static_cast<int>(argv.size()), argv.data());
+}
+
+TEST(Options, DefaultsAndEveryGroup) {
+  Options o;
+  ASSERT_EQ(Parse(o, ~0u, {}), -1);
+  EXPECT_TRUE(o.peer.empty());
+  EXPECT_EQ(o.page_size, 65536u);
+  EXPECT_EQ(o.memory, MemoryKind::kAuto);
+
+  Options p;
+  ASSERT_EQ(Parse(p, ~0u, {"-p", "tcp", "--domain", "lo", "-S", "1m", "--pages", "2k",
+                           "--repeat", "3", "-W", "128", "-w", "10", "--memory", "host", "--json",
+                           "--nics", "4", "--wait", "block", "--link-gbps", "4", "--timeout",
+                           "2.5", "--max-clients", "3", "abcd"}),
+            -1);
+  EXPECT_EQ(p.provider, "tcp");
+  EXPECT_EQ(p.domain, "lo");
+  EXPECT_EQ(p.page_size, 1u << 20);
+  EXPECT_EQ(p.pages, 2048u);
+  EXPECT_EQ(p.repeat, 3u);
+  EXPECT_EQ(p.window, 128u);
+  EXPECT_EQ(p.warmup, 10u);
+  EXPECT_EQ(p.memory, MemoryKind::kHost);
+  EXPECT_TRUE(p.json);
+  EXPECT_EQ(p.nics, 4u);
+  EXPECT_EQ(p.wait, WaitMode::kBlock);
+  EXPECT_DOUBLE_EQ(p.link_gbps, 4.0);
+  EXPECT_DOUBLE_EQ(p.timeout_s, 2.5);
+  EXPECT_EQ(p.max_clients, 3u);
+  EXPECT_EQ(p.peer, "abcd");
+}
+
+TEST(Options, BadUsageIsExitTwo) {
+  Options o;
+  EXPECT_EQ(Parse(o, ~0u, {"--bogus"}), kExitUsage);
+  EXPECT_EQ(Parse(o, ~0u, {"-S", "12q"}), kExitUsage);
+  EXPECT_EQ(Parse(o, ~0u, {"--memory", "gpu"}), kExitUsage);
+  EXPECT_EQ(Parse(o, ~0u, {"--wait", "maybe"}), kExitUsage);
+  EXPECT_EQ(Parse(o, ~0u, {"--timeout", "-1"}), kExitUsage);
+  // An option of a group the stage did not add is unknown to it.
+  EXPECT_EQ(Parse(o, kServeOptions, {"-S", "4k"}), kExitUsage);
+}
+
+TEST(Options, HelpIsExitZero) {
+  Options o;
+  testing::internal::CaptureStdout();
+  EXPECT_EQ(Parse(o, kServeOptions, {"--help"}), kExitOk);
+  EXPECT_NE(testing::internal::GetCapturedStdout().find("--provider"), std::string::npos);
+}
