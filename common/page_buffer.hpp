@@ -1,0 +1,52 @@
+// Memory for pages (DESIGN.md, "Memory"): host memory, or GPU memory. Where the provider can
+// register GPU memory (FI_HMEM_CUDA) the NIC reads and writes the GPU buffer itself. Where it
+// cannot, a pinned host mirror is what the NIC touches, and explicit copies keep the GPU
+// buffer current, so the data still start and end in GPU memory.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+
+#include "cuda_memory.hpp"
+#include "host_buffer.hpp"
+#include "options.hpp"
+
+namespace common {
+
+class PageBuffer {
+ public:
+  enum class Path { kHost, kGpuDirect, kGpuStaged };
+
+  PageBuffer(size_t size, Path path, int device = 0);
+
+  Path path() const { return path_; }
+  size_t size() const { return size_; }
+  int device() const { return device_; }
+  const CudaBuffer& gpu() const { return gpu_; }
+  // What the NIC reads and writes: the host buffer, the GPU buffer, or the pinned mirror.
+  void* nic_data() const;
+
+  // Copies `bytes` from host memory to `offset` (the GPU, and the mirror when staged).
+  void Write(size_t offset, std::span<const uint8_t> bytes);
+  // Staged path: GPU -> mirror before the NIC reads; mirror -> GPU after the NIC wrote.
+  void SyncToNic();
+  void SyncFromNic();
+  // A host view of the contents (read back from the GPU when they live there).
+  std::span<uint8_t> HostView();
+
+ private:
+  Path path_;
+  size_t size_;
+  int device_;
+  HostBuffer host_;     // host path; for GPU paths, the read-back copy
+  CudaBuffer gpu_;
+  PinnedBuffer mirror_;  // staged path only
+};
+
+const char* PathName(PageBuffer::Path path);
+
+// --memory auto means cuda when a GPU is present; throws HardwareAbsent for cuda without one.
+MemoryKind ResolveMemory(MemoryKind requested);
+
+}  // namespace common

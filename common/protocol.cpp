@@ -1,0 +1,177 @@
+#include "protocol.hpp"
+
+#include <cstring>
+#include <type_traits>
+
+namespace common::wire {
+
+namespace {
+
+class Writer {
+ public:
+  template <typename T>
+  void Put(T value) {
+    static_assert(std::is_trivially_copyable_v<T>);
+    const auto* p = reinterpret_cast<const uint8_t*>(&value);
+    bytes.insert(bytes.end(), p, p + sizeof(T));
+  }
+  void PutBytes(std::span<const uint8_t> b) { bytes.insert(bytes.end(), b.begin(), b.end()); }
+  std::vector<uint8_t> bytes;
+};
+
+class Reader {
+ public:
+  explicit Reader(std::span<const uint8_t> b) : bytes_(b) {}
+  template <typename T>
+  T Get(const char* field) {
+    if (bytes_.size() - at_ < sizeof(T))
+      throw ProtocolError(std::string("message ends inside field '") + field + "'");
+    T value;
+    std::memcpy(&value, bytes_.data() + at_, sizeof(T));
+    at_ += sizeof(T);
+    return value;
+  }
+  std::span<const uint8_t> GetBytes(size_t n, const char* field) {
+    if (bytes_.size() - at_ < n)
+      throw ProtocolError(std::string("message ends inside field '") + field + "'");
+    auto b = bytes_.subspan(at_, n);
+    at_ += n;
+    return b;
+  }
+  void ExpectEnd() const {
+    if (at_ != bytes_.size())
+      throw ProtocolError(std::to_string(bytes_.size() - at_) + " unexpected bytes after the message");
+  }
+
+ private:
+  std::span<const uint8_t> bytes_;
+  size_t at_ = 0;
+};
+
+template <typename T>
+void CheckAtMost(T value, T limit, const char* field) {
+  if (value > limit)
+    throw ProtocolError(std::string(field) + " " + std::to_string(value) + " is over the limit " +
+                        std::to_string(limit));
+}
+
+}  // namespace
+
+std::vector<uint8_t> Encode(const Message& message) {
+  Writer w;
+  w.Put(Header{});
+  uint16_t type = 0;
+  if (auto* c = std::get_if<Connect>(&message)) {
+    type = static_cast<uint16_t>(MessageType::kConnect);
+    w.Put(static_cast<uint32_t>(c->lanes.size()));
+    for (const auto& lane : c->lanes) {
+      w.Put(static_cast<uint32_t>(lane.address.size()));
+      w.PutBytes(lane.address);
+      w.Put(lane.region);
+    }
+  } else if (auto* t = std::get_if<Transfer>(&message)) {
+    type = static_cast<uint16_t>(MessageType::kTransfer);
+    w.Put(t->request_id);
+    w.Put(static_cast<uint32_t>(t->pages.size()));
+    w.Put(t->seed);
+    w.Put(t->page_size);
+    w.Put(t->repeat);
+    for (uint32_t p : t->pages) w.Put(p);
+  } else if (auto* e = std::get_if<ErrorReply>(&message)) {
+    type = static_cast<uint16_t>(MessageType::kError);
+    w.Put(e->request_id);
+    const size_t room = kMaxMessageBytes - sizeof(Header) - 8;
+    const std::string text = e->text.substr(0, room);
+    w.Put(static_cast<uint32_t>(text.size()));
+    w.PutBytes({reinterpret_cast<const uint8_t*>(text.data()), text.size()});
+  } else {
+    type = static_cast<uint16_t>(MessageType::kBye);
+  }
+  Header h{kMagic, kVersion, type, static_cast<uint32_t>(w.bytes.size()), 0};
+  std::memcpy(w.bytes.data(), &h, sizeof(h));
+  if (w.bytes.size() > kMaxMessageBytes)
+    throw ProtocolError("message of " + std::to_string(w.bytes.size()) + " bytes is over the limit " +
+                        std::to_string(kMaxMessageBytes));
+  return std::move(w.bytes);
+}
+
+Message Decode(std::span<const uint8_t> bytes) {
+  Reader r(bytes);
+  const auto h = r.Get<Header>("header");
+  if (h.magic != kMagic) throw ProtocolError("wrong magic " + std::to_string(h.magic));
+  if (h.version != kVersion) throw ProtocolError("unsupported version " + std::to_string(h.version));
+  if (h.length != bytes.size())
+    throw ProtocolError("header says " + std::to_string(h.length) + " bytes but " +
+                        std::to_string(bytes.size()) + " arrived");
+  switch (static_cast<MessageType>(h.type)) {
+    case MessageType::kConnect: {
+      Connect c;
+      const auto lanes = r.Get<uint32_t>("lane count");
+      if (lanes == 0) throw ProtocolError("lane count 0");
+      CheckAtMost(lanes, kMaxLanes, "lane count");
+      for (uint32_t i = 0; i < lanes; ++i) {
+        Lane lane;
+        const auto n = r.Get<uint32_t>("address length");
+        if (n == 0) throw ProtocolError("address length 0");
+        CheckAtMost(n, kMaxAddressBytes, "address length");
+        auto a = r.GetBytes(n, "address");
+        lane.address.assign(a.begin(), a.end());
+        lane.region = r.Get<RemoteRegion>("region");
+        if (lane.region.length == 0) throw ProtocolError("region length 0");
+        CheckAtMost(lane.region.length, kMaxRegionBytes, "region length");
+        if (lane.region.address > UINT64_MAX - lane.region.length)
+          throw ProtocolError("region address + length overflows");
+        c.lanes.push_back(std::move(lane));
+      }
+      r.ExpectEnd();
+      return c;
+    }
+    case MessageType::kTransfer: {
+      Transfer t;
+      t.request_id = r.Get<uint32_t>("request id");
+      const auto count = r.Get<uint32_t>("page count");
+      t.seed = r.Get<uint64_t>("seed");
+      t.page_size = r.Get<uint64_t>("page size");
+      t.repeat = r.Get<uint64_t>("repeat");
+      if (count == 0) throw ProtocolError("page count 0");
+      CheckAtMost(count, kMaxPagesPerRequest, "page count");
+      t.pages.resize(count);
+      for (auto& p : t.pages) p = r.Get<uint32_t>("page index");
+      r.ExpectEnd();
+      return t;
+    }
+    case MessageType::kError: {
+      ErrorReply e;
+      e.request_id = r.Get<uint32_t>("request id");
+      const auto n = r.Get<uint32_t>("text length");
+      auto text = r.GetBytes(n, "text");
+      e.text.assign(text.begin(), text.end());
+      r.ExpectEnd();
+      return e;
+    }
+    case MessageType::kBye:
+      r.ExpectEnd();
+      return Bye{};
+  }
+  throw ProtocolError("unknown message type " + std::to_string(h.type));
+}
+
+void ValidateTransfer(const Transfer& t, const RemoteRegion& region) {
+  if (t.page_size == 0) throw ProtocolError("page size 0");
+  CheckAtMost(t.page_size, kMaxPageBytes, "page size");
+  if (t.pages.empty()) throw ProtocolError("page count 0");
+  CheckAtMost<uint64_t>(t.pages.size(), kMaxPagesPerRequest, "page count");
+  CheckAtMost<uint64_t>(t.page_size * t.pages.size(), kMaxRequestBytes, "request bytes");
+  if (t.repeat == 0) throw ProtocolError("repeat 0");
+  CheckAtMost(t.repeat, kMaxRepeat, "repeat");
+  const uint64_t region_pages = region.length / t.page_size;
+  for (size_t i = 0; i < t.pages.size(); ++i) {
+    if (t.pages[i] >= region_pages)
+      throw ProtocolError("page index " + std::to_string(t.pages[i]) + " (entry " +
+                          std::to_string(i) + ") is outside the region of " +
+                          std::to_string(region_pages) + " pages of " +
+                          std::to_string(t.page_size) + " bytes");
+  }
+}
+
+}  // namespace common::wire

@@ -1,0 +1,90 @@
+// The wire protocol of stages 03 onward (DESIGN.md, "Wire protocol"): control messages that
+// travel by SEND/RECV on lane 0. Every message starts with a fixed header, and the receiver
+// validates every field before it acts on one. One definition for all stages, so that a
+// fix to validation reaches every stage at once and is unit-tested once.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "error.hpp"
+
+namespace common::wire {
+
+inline constexpr uint32_t kMagic = 0x50444d52;  // "RMDP" on the wire, little-endian
+inline constexpr uint16_t kVersion = 1;
+
+// Limits a receiver enforces (and a sender respects).
+inline constexpr size_t kMaxMessageBytes = 64 * 1024;  // every receive buffer has this size
+inline constexpr uint32_t kMaxLanes = 64;
+inline constexpr uint32_t kMaxAddressBytes = 256;
+inline constexpr uint32_t kMaxPagesPerRequest = 8192;
+inline constexpr uint64_t kMaxPageBytes = 64ull << 20;
+inline constexpr uint64_t kMaxRequestBytes = 1ull << 30;  // server source buffer per request
+inline constexpr uint64_t kMaxRepeat = 1ull << 24;
+inline constexpr uint64_t kMaxRegionBytes = 1ull << 40;
+
+enum class MessageType : uint16_t { kConnect = 1, kTransfer = 2, kError = 3, kBye = 4 };
+
+struct Header {
+  uint32_t magic;
+  uint16_t version;
+  uint16_t type;
+  uint32_t length;  // of the whole message, header included
+  uint32_t reserved;
+};
+static_assert(sizeof(Header) == 16);
+
+// Where a client's region lives on one lane: with FI_MR_VIRT_ADDR `address` is the
+// region's virtual address, otherwise 0 (offsets start at 0); `key` is what the writer
+// passes to fi_write.
+struct RemoteRegion {
+  uint64_t address = 0;
+  uint64_t length = 0;
+  uint64_t key = 0;
+};
+
+struct Lane {
+  std::vector<uint8_t> address;  // fi_getname of the client's endpoint on this lane
+  RemoteRegion region;
+};
+
+struct Connect {
+  std::vector<Lane> lanes;
+};
+
+struct Transfer {
+  uint32_t request_id = 0;
+  uint64_t seed = 0;
+  uint64_t page_size = 0;
+  uint64_t repeat = 1;
+  std::vector<uint32_t> pages;  // page indices into the client's region
+};
+
+struct ErrorReply {
+  uint32_t request_id = 0;  // 0 when it concerns no request
+  std::string text;
+};
+
+struct Bye {};
+
+using Message = std::variant<Connect, Transfer, ErrorReply, Bye>;
+
+// A message that breaks the protocol; the text says which field and value.
+class ProtocolError : public Error {
+ public:
+  explicit ProtocolError(const std::string& what) : Error(what) {}
+};
+
+std::vector<uint8_t> Encode(const Message& message);
+
+// Checks header, type, lengths and counts; throws ProtocolError.
+Message Decode(std::span<const uint8_t> bytes);
+
+// Checks a transfer against limits and against the region the client advertised.
+void ValidateTransfer(const Transfer& transfer, const RemoteRegion& region);
+
+}  // namespace common::wire
