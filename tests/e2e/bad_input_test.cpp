@@ -67,6 +67,31 @@ TEST_P(BadInput, HelpExplainsAndExitsZero) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Stages, BadInput,
-                         ::testing::Values("01_send_recv", "02_bidirectional"));
+                         ::testing::Values("01_send_recv", "02_bidirectional", "03_gpudirect_write",
+                                           "04_concurrent", "05_queuing"));
+
+// Options of the transfer stages.
+class BadTransferInput : public BadInput {};
+
+TEST_P(BadTransferInput, PageSizeWithUnknownSuffix) {
+  ExpectUsageError({"-S", "12q"}, "invalid size '12q' for --page-size");
+}
+
+TEST_P(BadTransferInput, PageSizeZeroOrTooLarge) {
+  ExpectUsageError({"-p", "shm", "-S", "0", "66695f73686d3a2f2f310000"}, "invalid --page-size 0");
+  ExpectUsageError({"-p", "shm", "-S", "1g", "66695f73686d3a2f2f3100"}, "invalid --page-size 1073741824");
+}
+
+TEST_P(BadTransferInput, TooManyPagesPerRequest) {
+  ExpectUsageError({"-p", "shm", "--pages", "100000", "66695f73686d3a2f2f3100"},
+                   "invalid --pages 100000");
+}
+
+TEST_P(BadTransferInput, UnknownMemoryKind) {
+  ExpectUsageError({"--memory", "gpu"}, "invalid --memory 'gpu'");
+}
+
+INSTANTIATE_TEST_SUITE_P(Stages, BadTransferInput,
+                         ::testing::Values("03_gpudirect_write", "04_concurrent", "05_queuing"));
 
 }  // namespace

@@ -14,35 +14,6 @@ using namespace std::chrono_literals;
 
 namespace {
 
-// Provider arguments: tcp is pinned to the loopback domain, so nothing leaves this host.
-std::vector<std::string> ProviderArgs(const std::string& provider) {
-  if (provider == "tcp") return {"-p", "tcp", "--domain", "lo"};
-  return {"-p", provider};
-}
-
-struct Server {
-  Server(const std::string& stage, const std::string& provider, int max_clients)
-      : dir(), address_file(dir.path() + "/addr") {
-    std::vector<std::string> argv = {StageBinary(stage), "--address-file", address_file,
-                                     "--max-clients", std::to_string(max_clients)};
-    for (auto& a : ProviderArgs(provider)) argv.push_back(a);
-    process.emplace(argv);
-    address = WaitForLine(address_file, 10s);
-  }
-  TempDir dir;
-  std::string address_file;
-  std::optional<Process> process;
-  std::string address;
-};
-
-Result Client(const std::string& stage, const std::string& provider,
-              std::vector<std::string> args) {
-  std::vector<std::string> argv = {StageBinary(stage)};
-  for (auto& a : ProviderArgs(provider)) argv.push_back(a);
-  for (auto& a : args) argv.push_back(a);
-  return RunToEnd(argv, 30s);
-}
-
 class Messages : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {
  protected:
   std::string stage() const { return std::get<0>(GetParam()); }
@@ -51,14 +22,14 @@ class Messages : public ::testing::TestWithParam<std::tuple<std::string, std::st
 };
 
 TEST_P(Messages, OneClientIsServed) {
-  Server server(stage(), provider(), 1);
-  ASSERT_FALSE(server.address.empty()) << "the server published no address";
-  Result client = Client(stage(), provider(), {server.address, "Hello, RDMA!"});
+  StageServer server(stage(), provider(), 1);
+  ASSERT_FALSE(server.address().empty()) << "the server published no address";
+  Result client = RunClient(stage(), provider(), server.address(), {"Hello, RDMA!"});
   EXPECT_EQ(client.exit_code, 0) << client.err;
   if (reverses()) {
     EXPECT_NE(client.out.find("answer: !AMDR ,olleH\n"), std::string::npos) << client.out;
   }
-  Result done = server.process->Wait(20s);
+  Result done = server.Wait(20s);
   EXPECT_EQ(done.exit_code, 0) << done.err;
   const std::string want = reverses() ? "client 0: Hello, RDMA!\n" : "received 12 bytes: Hello, RDMA!\n";
   EXPECT_NE(done.out.find(want), std::string::npos) << done.out;
@@ -66,11 +37,11 @@ TEST_P(Messages, OneClientIsServed) {
 }
 
 TEST_P(Messages, ThreeClientsOneAfterAnother) {
-  Server server(stage(), provider(), 3);
-  ASSERT_FALSE(server.address.empty());
+  StageServer server(stage(), provider(), 3);
+  ASSERT_FALSE(server.address().empty());
   const std::string texts[] = {"first", "second message", "3"};
   for (const auto& text : texts) {
-    Result client = Client(stage(), provider(), {server.address, text});
+    Result client = RunClient(stage(), provider(), server.address(), {text});
     ASSERT_EQ(client.exit_code, 0) << client.err;
     if (reverses()) {
       EXPECT_NE(client.out.find("answer: " + std::string(text.rbegin(), text.rend()) + "\n"),
@@ -78,7 +49,7 @@ TEST_P(Messages, ThreeClientsOneAfterAnother) {
           << client.out;
     }
   }
-  Result done = server.process->Wait(20s);
+  Result done = server.Wait(20s);
   EXPECT_EQ(done.exit_code, 0) << done.err;
   size_t at = 0;
   for (const auto& text : texts) {  // in the order they were sent
@@ -89,10 +60,10 @@ TEST_P(Messages, ThreeClientsOneAfterAnother) {
 }
 
 TEST_P(Messages, ServerStopsCleanlyOnSigterm) {
-  Server server(stage(), provider(), 0);
-  ASSERT_FALSE(server.address.empty());
-  server.process->Signal(SIGTERM);
-  Result done = server.process->Wait(10s);
+  StageServer server(stage(), provider(), 0);
+  ASSERT_FALSE(server.address().empty());
+  server.process().Signal(SIGTERM);
+  Result done = server.Wait(10s);
   EXPECT_FALSE(done.timed_out);
   EXPECT_EQ(done.exit_code, 0) << done.err;
   EXPECT_NE(done.out.find("served 0 clients"), std::string::npos);
@@ -101,13 +72,13 @@ TEST_P(Messages, ServerStopsCleanlyOnSigterm) {
 
 TEST_P(Messages, ClientWithoutServerGivesUpInBoundedTime) {
   // A well-formed address of a server that does not exist.
-  Server server(stage(), provider(), 0);
-  ASSERT_FALSE(server.address.empty());
-  const std::string address = server.address;
-  server.process->Signal(SIGKILL);
-  server.process->Wait(5s);
+  StageServer server(stage(), provider(), 0);
+  ASSERT_FALSE(server.address().empty());
+  const std::string address = server.address();
+  server.process().Signal(SIGKILL);
+  server.Wait(5s);
   const auto start = std::chrono::steady_clock::now();
-  Result client = Client(stage(), provider(), {"--timeout", "2", address});
+  Result client = RunClient(stage(), provider(), address, {"--timeout", "2"});
   const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   EXPECT_EQ(client.exit_code, 1) << client.out << client.err;
   EXPECT_NE(client.err.find("server"), std::string::npos) << client.err;

@@ -146,4 +146,32 @@ long long NumberAfter(const std::string& text, const std::string& key) {
   return std::stoll(text.substr(pos, end - pos));
 }
 
+std::vector<std::string> ProviderArgs(const std::string& provider) {
+  if (provider == "tcp") return {"-p", "tcp", "--domain", "lo"};
+  return {"-p", provider};
+}
+
+StageServer::StageServer(const std::string& stage, const std::string& provider, int max_clients,
+                         std::vector<std::string> extra) {
+  const std::string address_file = dir_.path() + "/addr";
+  std::vector<std::string> argv = {StageBinary(stage), "--address-file", address_file};
+  if (max_clients > 0) {
+    argv.push_back("--max-clients");
+    argv.push_back(std::to_string(max_clients));
+  }
+  for (auto& a : ProviderArgs(provider)) argv.push_back(a);
+  for (auto& a : extra) argv.push_back(a);
+  process_ = std::make_unique<Process>(argv);
+  address_ = WaitForLine(address_file, std::chrono::seconds(10));
+}
+
+Result RunClient(const std::string& stage, const std::string& provider, const std::string& address,
+                 std::vector<std::string> args, std::chrono::duration<double> limit) {
+  std::vector<std::string> argv = {StageBinary(stage)};
+  for (auto& a : ProviderArgs(provider)) argv.push_back(a);
+  argv.push_back(address);
+  for (auto& a : args) argv.push_back(a);
+  return RunToEnd(argv, limit);
+}
+
 }  // namespace testing_support

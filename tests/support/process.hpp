@@ -5,6 +5,7 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -60,5 +61,32 @@ std::string WaitForLine(const std::string& path, std::chrono::duration<double> l
 
 // The decimal after `key` in `text` (e.g. "verified ", "\"verified_bytes\":"), or -1.
 long long NumberAfter(const std::string& text, const std::string& key);
+
+// Provider arguments for a test: tcp is pinned to the loopback domain, so nothing leaves
+// this host.
+std::vector<std::string> ProviderArgs(const std::string& provider);
+
+// A stage's server started with --address-file (and --max-clients when not 0); `address`
+// is empty when it published none within 10 s.
+class StageServer {
+ public:
+  StageServer(const std::string& stage, const std::string& provider, int max_clients,
+              std::vector<std::string> extra = {});
+  Process& process() { return *process_; }
+  const std::string& address() const { return address_; }
+  Result Wait(std::chrono::duration<double> limit = std::chrono::seconds(30)) {
+    return process_->Wait(limit);
+  }
+
+ private:
+  TempDir dir_;
+  std::unique_ptr<Process> process_;
+  std::string address_;
+};
+
+// Runs a stage's client against `address` with the provider's arguments and `args`.
+Result RunClient(const std::string& stage, const std::string& provider, const std::string& address,
+                 std::vector<std::string> args = {},
+                 std::chrono::duration<double> limit = std::chrono::seconds(120));
 
 }  // namespace testing_support

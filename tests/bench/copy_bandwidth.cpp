@@ -1,0 +1,104 @@
+// The copy limits of this machine for the transfer stages' page pattern: one thread copying
+// pages from one buffer to scattered places in another, both much larger than the caches.
+//   memcpy: both buffers in one process, the plain memory-bandwidth limit of one core;
+//   cma:    into another process with process_vm_writev (cross-memory attach), the single
+//           copy that libfabric's shm provider uses for RMA payloads between processes.
+// Prints "<method>: <Gbps> Gbps (...)" lines, or JSON with --json.
+#include <signal.h>
+#include <sys/uio.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <string>
+
+#include "error.hpp"
+#include "host_buffer.hpp"
+#include "options.hpp"
+#include "page_data.hpp"
+#include "program.hpp"
+#include "report.hpp"
+
+using namespace common;
+
+namespace {
+
+double TimeIt(uint64_t repeat, const std::function<void()>& pass) {
+  pass();  // warm: fault in every page first
+  const auto start = std::chrono::steady_clock::now();
+  for (uint64_t r = 0; r < repeat; ++r) pass();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+void Report(const char* method, uint64_t bytes, double seconds, uint64_t page_size, bool json) {
+  if (json)
+    std::printf("{\"method\":\"%s\",\"bytes\":%llu,\"seconds\":%.6f,\"gbps\":%.3f}\n", method,
+                static_cast<unsigned long long>(bytes), seconds, Gbps(bytes, seconds));
+  else
+    std::printf("%s: %.3f Gbps (%llu bytes in %.3f s, pages of %llu bytes)\n", method,
+                Gbps(bytes, seconds), static_cast<unsigned long long>(bytes), seconds,
+                static_cast<unsigned long long>(page_size));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  uint64_t page_size = 64 * 1024, pages = 4096, repeat = 10;
+  bool json = false;
+  CLI::App app{"Single-thread copy bandwidth (memcpy, and process_vm_writev into another "
+               "process) with the page pattern of the transfer stages",
+               "copy_bandwidth"};
+  app.add_option_function<std::string>(
+      "-S,--page-size", [&](const std::string& s) { page_size = ParseSize(s, "--page-size"); },
+      "Bytes per page (default 64k)");
+  app.add_option_function<std::string>(
+      "--pages", [&](const std::string& s) { pages = ParseSize(s, "--pages"); },
+      "Pages per pass (default 4096)");
+  app.add_option("--repeat", repeat, "Passes (default 10)");
+  app.add_flag("--json", json, "JSON lines");
+  if (int rc = ParseCommandLine(app, argc, argv); rc >= 0) return rc;
+  return RunProgram("copy_bandwidth", [&] {
+    const uint64_t region_pages = 2 * pages, bytes = pages * page_size * repeat;
+    HostBuffer source(pages * page_size), region(region_pages * page_size);
+    const auto targets = SamplePages(1, pages, region_pages);
+    for (uint64_t i = 0; i < pages; ++i)
+      FillPage({source.data() + i * page_size, page_size}, 1, targets[i]);
+
+    double seconds = TimeIt(repeat, [&] {
+      for (uint64_t i = 0; i < pages; ++i)
+        std::memcpy(region.data() + targets[i] * page_size, source.data() + i * page_size,
+                    page_size);
+    });
+    for (uint64_t i = 0; i < pages; ++i)  // prove the copies happened
+      if (VerifyPage({region.data() + targets[i] * page_size, page_size}, 1, targets[i]) != kPageOk)
+        throw Error("memcpy produced wrong data");
+    Report("memcpy", bytes, seconds, page_size, json);
+
+    // The child inherits `region` at the same address; it only waits to be written to.
+    pid_t child = fork();
+    if (child == 0) {
+      for (;;) pause();
+    }
+    try {
+      seconds = TimeIt(repeat, [&] {
+        for (uint64_t i = 0; i < pages; ++i) {
+          iovec local{source.data() + i * page_size, page_size};
+          iovec remote{region.data() + targets[i] * page_size, page_size};
+          if (process_vm_writev(child, &local, 1, &remote, 1, 0) != static_cast<ssize_t>(page_size))
+            throw Error(std::string("process_vm_writev: ") + std::strerror(errno));
+        }
+      });
+    } catch (...) {
+      kill(child, SIGKILL);
+      waitpid(child, nullptr, 0);
+      throw;
+    }
+    kill(child, SIGKILL);
+    waitpid(child, nullptr, 0);
+    Report("cma", bytes, seconds, page_size, json);
+    return 0;
+  });
+}

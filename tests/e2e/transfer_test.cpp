@@ -1,0 +1,152 @@
+// End to end, the transfer stages (03 onward): real server and client processes over shm and
+// tcp (loopback) with host memory, asserting exit codes and the exact verified byte counts.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <string>
+#include <tuple>
+
+#include "process.hpp"
+
+using namespace testing_support;
+using namespace std::chrono_literals;
+
+namespace {
+
+// How many requests a client of this stage sends (03 sends one; later stages --requests).
+int RequestsOf(const std::string& stage) { return stage == "03_gpudirect_write" ? 1 : 4; }
+
+class Transfer : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {
+ protected:
+  std::string stage() const { return std::get<0>(GetParam()); }
+  std::string provider() const { return std::get<1>(GetParam()); }
+  // Extra client arguments every run of this stage needs.
+  std::vector<std::string> With(std::vector<std::string> args) const {
+    if (RequestsOf(stage()) > 1) {
+      args.push_back("--requests");
+      args.push_back(std::to_string(RequestsOf(stage())));
+    }
+    args.push_back("--memory");
+    args.push_back("host");
+    return args;
+  }
+};
+
+TEST_P(Transfer, VerifiesEveryPageForSeveralSizes) {
+  const struct {
+    const char* page_size;
+    long long bytes;
+    int pages;
+  } cases[] = {{"4k", 4096, 100}, {"64k", 65536, 37}, {"1m", 1 << 20, 8}, {"1000", 1000, 5}};
+  StageServer server(stage(), provider(), 4, {"--memory", "host"});
+  ASSERT_FALSE(server.address().empty());
+  for (const auto& c : cases) {
+    Result client = RunClient(stage(), provider(), server.address(),
+                              With({"-S", c.page_size, "--pages", std::to_string(c.pages),
+                                    "--repeat", "2"}));
+    ASSERT_EQ(client.exit_code, 0) << c.page_size << "\n" << client.out << client.err;
+    EXPECT_EQ(NumberAfter(client.out, "verified "), c.bytes * c.pages * RequestsOf(stage()))
+        << client.out;
+  }
+  Result done = server.Wait();
+  EXPECT_EQ(done.exit_code, 0) << done.err;
+  EXPECT_NE(done.out.find("served 4 clients"), std::string::npos) << done.out;
+}
+
+TEST_P(Transfer, PageOutsideRegionIsRefusedAndTheNextClientSucceeds) {
+  StageServer server(stage(), provider(), 2, {"--memory", "host"});
+  ASSERT_FALSE(server.address().empty());
+  Result bad = RunClient(stage(), provider(), server.address(),
+                         With({"--pages", "16", "-S", "4k", "--test-bad-page"}));
+  EXPECT_EQ(bad.exit_code, 1) << bad.out << bad.err;
+  EXPECT_NE(bad.err.find("refused"), std::string::npos) << bad.err;
+  EXPECT_NE(bad.err.find("outside the region"), std::string::npos) << bad.err;
+  Result good = RunClient(stage(), provider(), server.address(), With({"--pages", "16", "-S", "4k"}));
+  EXPECT_EQ(good.exit_code, 0) << good.err;
+  EXPECT_EQ(NumberAfter(good.out, "verified "), 16 * 4096 * RequestsOf(stage())) << good.out;
+  Result done = server.Wait();
+  EXPECT_EQ(done.exit_code, 0) << done.err;
+}
+
+TEST_P(Transfer, CorruptedPageFailsVerification) {
+  StageServer server(stage(), provider(), 1, {"--memory", "host"});
+  ASSERT_FALSE(server.address().empty());
+  Result client = RunClient(stage(), provider(), server.address(),
+                            With({"--pages", "8", "-S", "4k", "--test-corrupt"}));
+  EXPECT_EQ(client.exit_code, 1) << client.out << client.err;
+  EXPECT_NE(client.err.find("verification failed: page 0"), std::string::npos) << client.err;
+  EXPECT_NE(client.err.find("differs at byte offset 1"), std::string::npos) << client.err;
+  EXPECT_EQ(server.Wait().exit_code, 0);
+}
+
+TEST_P(Transfer, ClientWithoutServerGivesUpInBoundedTime) {
+  std::string address;
+  {
+    StageServer server(stage(), provider(), 0, {"--memory", "host"});
+    address = server.address();
+  }  // killed here
+  ASSERT_FALSE(address.empty());
+  const auto start = std::chrono::steady_clock::now();
+  Result client = RunClient(stage(), provider(), address, With({"--timeout", "2", "--pages", "4"}));
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_EQ(client.exit_code, 1) << client.out << client.err;
+  EXPECT_NE(client.err.find("no answer from the server"), std::string::npos) << client.err;
+  EXPECT_LT(took, 10.0);
+}
+
+// GPU memory: runs where there is a GPU; elsewhere the client must answer 77 (skipped).
+TEST_P(Transfer, CudaMemoryOrExit77) {
+  StageServer server(stage(), provider(), 1, {"--memory", "host"});
+  ASSERT_FALSE(server.address().empty());
+  std::vector<std::string> args = {"--pages", "64", "-S", "64k", "--memory", "cuda"};
+  if (RequestsOf(stage()) > 1) args.insert(args.end(), {"--requests", "2"});
+  Result client = RunClient(stage(), provider(), server.address(), args);
+  if (client.exit_code == 77) {
+    EXPECT_NE(client.err.find("--memory cuda"), std::string::npos) << client.err;
+    EXPECT_EQ(std::count(client.err.begin(), client.err.end(), '\n'), 1) << client.err;
+    GTEST_SKIP() << "no GPU: " << client.err;
+  }
+  ASSERT_EQ(client.exit_code, 0) << client.out << client.err;
+  EXPECT_NE(client.out.find("GPU memory"), std::string::npos) << client.out;
+  EXPECT_EQ(NumberAfter(client.out, "verified "), 64 * 65536LL * (RequestsOf(stage()) > 1 ? 2 : 1));
+  EXPECT_EQ(server.Wait().exit_code, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Stages, Transfer,
+                         ::testing::Combine(::testing::Values("03_gpudirect_write", "04_concurrent",
+                                                              "05_queuing"),
+                                            ::testing::Values("shm", "tcp")),
+                         [](const auto& info) {
+                           return std::get<0>(info.param) + "_" + std::get<1>(info.param);
+                         });
+
+// The summary of 04 onward, as one JSON line.
+TEST(Summary, JsonLineCarriesTheFigures) {
+  StageServer server("05_queuing", "shm", 1, {"--memory", "host"});
+  ASSERT_FALSE(server.address().empty());
+  Result client = RunClient("05_queuing", "shm", server.address(),
+                            {"--memory", "host", "--pages", "10", "-S", "8k", "--repeat", "3",
+                             "--requests", "2", "--json", "--link-gbps", "100"});
+  ASSERT_EQ(client.exit_code, 0) << client.err;
+  EXPECT_EQ(NumberAfter(client.out, "\"bytes\":"), 10 * 8192 * 3 * 2);
+  EXPECT_EQ(NumberAfter(client.out, "\"writes\":"), 60);
+  EXPECT_EQ(NumberAfter(client.out, "\"verified_bytes\":"), 10 * 8192 * 2);
+  EXPECT_NE(client.out.find("\"link_gbps\":100.000"), std::string::npos) << client.out;
+  EXPECT_EQ(server.Wait().exit_code, 0);
+}
+
+// A million WRITEs through the pending queue finish with zero errors and full verification.
+TEST(Queue, MillionWritesAllVerified) {
+  StageServer server("05_queuing", "shm", 1, {"--memory", "host"});
+  ASSERT_FALSE(server.address().empty());
+  Result client = RunClient("05_queuing", "shm", server.address(),
+                            {"--memory", "host", "--pages", "8192", "-S", "64", "--repeat", "32",
+                             "--requests", "4", "-W", "4096", "--json"},
+                            300s);
+  ASSERT_EQ(client.exit_code, 0) << client.err;
+  EXPECT_EQ(NumberAfter(client.out, "\"writes\":"), 8192LL * 32 * 4);
+  EXPECT_EQ(NumberAfter(client.out, "\"verified_bytes\":"), 8192LL * 64 * 4);
+  EXPECT_EQ(server.Wait().exit_code, 0);
+}
+
+}  // namespace
