@@ -10,6 +10,7 @@ namespace common {
 // EFA wants 128-byte alignment; a page alignment also suits every other provider and
 // keeps each page of a transfer on its own pages of memory.
 inline constexpr size_t kBufferAlignment = 4096;
+inline constexpr size_t kHugePage = 2 << 20;
 
 class HostBuffer {
  public:

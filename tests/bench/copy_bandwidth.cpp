@@ -5,6 +5,7 @@
 //           copy that libfabric's shm provider uses for RMA payloads between processes.
 // Prints "<method>: <Gbps> Gbps (...)" lines, or JSON with --json.
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/uio.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -77,11 +78,24 @@ int main(int argc, char** argv) {
         throw Error("memcpy produced wrong data");
     Report("memcpy", bytes, seconds, page_size, json);
 
-    // The child inherits `region` at the same address; it only waits to be written to.
+    // The child gets a fresh region at the same address (not the parent's copy-on-write
+    // pages), on huge pages as HostBuffer's are, and then only waits to be written to.
+    int ready[2];
+    if (pipe(ready) != 0) throw Error("pipe failed");
     pid_t child = fork();
     if (child == 0) {
+      void* p = mmap(region.data(), region.size(), PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+      if (p != MAP_FAILED) {
+        madvise(p, region.size(), MADV_HUGEPAGE);
+        std::memset(p, 0, region.size());
+      }
+      char ok = p != MAP_FAILED;
+      if (write(ready[1], &ok, 1) != 1) _exit(1);
       for (;;) pause();
     }
+    char ok = 0;
+    if (read(ready[0], &ok, 1) != 1 || !ok) throw Error("the child could not map its region");
     try {
       seconds = TimeIt(repeat, [&] {
         for (uint64_t i = 0; i < pages; ++i) {

@@ -1,0 +1,167 @@
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "protocol.hpp"
+
+using namespace common;
+using namespace common::wire;
+
+namespace {
+
+Connect SampleConnect() {
+  Connect c;
+  c.lanes.push_back({{1, 2, 3, 4}, {0x1000, 1 << 20, 0xabcdef}});
+  c.lanes.push_back({std::vector<uint8_t>(32, 7), {0, 4096, 42}});
+  return c;
+}
+
+Transfer SampleTransfer() {
+  Transfer t;
+  t.request_id = 7;
+  t.seed = 99;
+  t.page_size = 65536;
+  t.repeat = 3;
+  t.pages = {5, 0, 12, 3};
+  return t;
+}
+
+// Decodes and expects a ProtocolError whose text contains `what`.
+void ExpectRejected(const std::vector<uint8_t>& bytes, const std::string& what) {
+  try {
+    Decode(bytes);
+    FAIL() << "accepted; wanted: " << what;
+  } catch (const ProtocolError& e) {
+    EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+  }
+}
+
+template <typename T>
+void Poke(std::vector<uint8_t>& bytes, size_t offset, T value) {
+  std::memcpy(bytes.data() + offset, &value, sizeof(T));
+}
+
+}  // namespace
+
+TEST(Protocol, EveryMessageRoundTrips) {
+  auto c = std::get<Connect>(Decode(Encode(SampleConnect())));
+  ASSERT_EQ(c.lanes.size(), 2u);
+  EXPECT_EQ(c.lanes[0].address, (std::vector<uint8_t>{1, 2, 3, 4}));
+  EXPECT_EQ(c.lanes[0].region.address, 0x1000u);
+  EXPECT_EQ(c.lanes[0].region.length, 1u << 20);
+  EXPECT_EQ(c.lanes[0].region.key, 0xabcdefu);
+  EXPECT_EQ(c.lanes[1].address.size(), 32u);
+
+  auto t = std::get<Transfer>(Decode(Encode(SampleTransfer())));
+  EXPECT_EQ(t.request_id, 7u);
+  EXPECT_EQ(t.seed, 99u);
+  EXPECT_EQ(t.page_size, 65536u);
+  EXPECT_EQ(t.repeat, 3u);
+  EXPECT_EQ(t.pages, (std::vector<uint32_t>{5, 0, 12, 3}));
+
+  auto e = std::get<ErrorReply>(Decode(Encode(ErrorReply{3, "no"})));
+  EXPECT_EQ(e.request_id, 3u);
+  EXPECT_EQ(e.text, "no");
+  EXPECT_TRUE(std::holds_alternative<Bye>(Decode(Encode(Bye{}))));
+}
+
+TEST(Protocol, HeaderFieldsAreChecked) {
+  const auto good = Encode(SampleTransfer());
+  ExpectRejected({good.begin(), good.begin() + 8}, "message ends inside field 'header'");
+  auto bad = good;
+  Poke<uint32_t>(bad, 0, 0x12345678);
+  ExpectRejected(bad, "wrong magic");
+  bad = good;
+  Poke<uint16_t>(bad, 4, 2);
+  ExpectRejected(bad, "unsupported version 2");
+  bad = good;
+  Poke<uint16_t>(bad, 6, 99);
+  ExpectRejected(bad, "unknown message type 99");
+  bad = good;
+  Poke<uint32_t>(bad, 8, static_cast<uint32_t>(good.size() + 4));
+  ExpectRejected(bad, "header says");
+  bad = good;
+  bad.push_back(0);  // more bytes arrived than the header says
+  ExpectRejected(bad, "header says");
+}
+
+TEST(Protocol, ConnectFieldsAreChecked) {
+  const auto good = Encode(SampleConnect());
+  auto bad = good;
+  Poke<uint32_t>(bad, 16, 0);
+  ExpectRejected(bad, "lane count 0");
+  bad = good;
+  Poke<uint32_t>(bad, 16, kMaxLanes + 1);
+  ExpectRejected(bad, "lane count 65 is over the limit 64");
+  bad = good;
+  Poke<uint32_t>(bad, 20, 0);  // first lane's address length
+  ExpectRejected(bad, "address length 0");
+  bad = good;
+  Poke<uint32_t>(bad, 20, kMaxAddressBytes + 1);
+  ExpectRejected(bad, "address length 257 is over the limit 256");
+  bad = good;
+  Poke<uint64_t>(bad, 28 + 8, 0);  // first region's length
+  ExpectRejected(bad, "region length 0");
+  bad = good;
+  Poke<uint64_t>(bad, 28 + 8, kMaxRegionBytes + 1);
+  ExpectRejected(bad, "region length");
+  bad = good;
+  Poke<uint64_t>(bad, 28, UINT64_MAX - 10);  // address + length wraps around
+  ExpectRejected(bad, "overflows");
+  bad = good;
+  bad.resize(bad.size() - 1);
+  Poke<uint32_t>(bad, 8, static_cast<uint32_t>(bad.size()));
+  ExpectRejected(bad, "message ends inside field");
+}
+
+TEST(Protocol, TransferFieldsAreChecked) {
+  const auto good = Encode(SampleTransfer());
+  auto bad = good;
+  Poke<uint32_t>(bad, 20, 0);  // page count
+  ExpectRejected(bad, "page count 0");
+  bad = good;
+  Poke<uint32_t>(bad, 20, kMaxPagesPerRequest + 1);
+  ExpectRejected(bad, "page count 8193 is over the limit 8192");
+  bad = good;
+  Poke<uint32_t>(bad, 20, 5);  // says 5 pages, 4 follow
+  ExpectRejected(bad, "message ends inside field 'page index'");
+}
+
+TEST(Protocol, TransferIsValidatedAgainstTheRegionAndLimits) {
+  const RemoteRegion region{0, 16 * 65536, 1};
+  EXPECT_NO_THROW(ValidateTransfer(SampleTransfer(), region));
+  auto t = SampleTransfer();
+  t.pages.back() = 16;
+  try {
+    ValidateTransfer(t, region);
+    FAIL();
+  } catch (const ProtocolError& e) {
+    EXPECT_STREQ(e.what(),
+                 "page index 16 (entry 3) is outside the region of 16 pages of 65536 bytes");
+  }
+  t = SampleTransfer();
+  t.page_size = 0;
+  EXPECT_THROW(ValidateTransfer(t, region), ProtocolError);
+  t.page_size = kMaxPageBytes + 1;
+  EXPECT_THROW(ValidateTransfer(t, region), ProtocolError);
+  t = SampleTransfer();
+  t.repeat = 0;
+  EXPECT_THROW(ValidateTransfer(t, region), ProtocolError);
+  t.repeat = kMaxRepeat + 1;
+  EXPECT_THROW(ValidateTransfer(t, region), ProtocolError);
+  t = SampleTransfer();
+  t.pages.clear();
+  EXPECT_THROW(ValidateTransfer(t, region), ProtocolError);
+  t = SampleTransfer();
+  t.page_size = kMaxPageBytes;
+  t.pages.assign(17, 0);  // 17 x 64 MiB > the 1 GiB a request may hold
+  EXPECT_THROW(ValidateTransfer(t, {0, kMaxRegionBytes, 1}), ProtocolError);
+}
+
+TEST(Protocol, EncodeRefusesOversizedMessages) {
+  Transfer t = SampleTransfer();
+  t.pages.assign(kMaxMessageBytes / 4, 0);
+  EXPECT_THROW(Encode(t), ProtocolError);
+  // An error text is cut to fit rather than refused.
+  EXPECT_LE(Encode(ErrorReply{1, std::string(100000, 'x')}).size(), kMaxMessageBytes);
+}
