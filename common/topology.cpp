@@ -1,0 +1,209 @@
+#include "topology.hpp"
+
+#include <hwloc/helper.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+
+#include "error.hpp"
+
+namespace common {
+
+std::optional<PciAddress> PciAddress::Parse(const std::string& text) {
+  if (text.find_first_not_of("0123456789abcdefABCDEF:.") != std::string::npos) return std::nullopt;
+  unsigned d = 0, b = 0, dev = 0, f = 0;
+  char tail = 0;
+  if (std::sscanf(text.c_str(), "%x:%x:%x.%x%c", &d, &b, &dev, &f, &tail) == 4 ||
+      (d = 0, std::sscanf(text.c_str(), "%x:%x.%x%c", &b, &dev, &f, &tail) == 3)) {
+    if (d > 0xffff || b > 0xff || dev > 0x1f || f > 7) return std::nullopt;
+    return PciAddress{static_cast<uint16_t>(d), static_cast<uint8_t>(b), static_cast<uint8_t>(dev),
+                      static_cast<uint8_t>(f)};
+  }
+  return std::nullopt;
+}
+
+std::string PciAddress::Full() const {
+  char s[32];
+  std::snprintf(s, sizeof(s), "%04x:%02x:%02x.%x", domain, bus, device, function);
+  return s;
+}
+
+std::string PciAddress::Short() const { return Full().substr(5); }
+
+Topology Topology::Load() {
+  hwloc_topology_t t = nullptr;
+  HWLOC_CHECK(hwloc_topology_init(&t));
+  Topology topology;
+  topology.topology_.reset(t);
+  HWLOC_CHECK(hwloc_topology_set_io_types_filter(t, HWLOC_TYPE_FILTER_KEEP_ALL));
+  HWLOC_CHECK(hwloc_topology_load(t));
+  return topology;
+}
+
+Topology Topology::FromXml(const std::string& path) {
+  hwloc_topology_t t = nullptr;
+  HWLOC_CHECK(hwloc_topology_init(&t));
+  Topology topology;
+  topology.topology_.reset(t);
+  if (hwloc_topology_set_xml(t, path.c_str()) < 0) throw Error("cannot read hwloc XML '" + path + "'");
+  HWLOC_CHECK(hwloc_topology_set_io_types_filter(t, HWLOC_TYPE_FILTER_KEEP_ALL));
+  HWLOC_CHECK(hwloc_topology_load(t));
+  return topology;
+}
+
+namespace {
+
+hwloc_obj_t FindPci(hwloc_topology_t t, const PciAddress& a) {
+  return hwloc_get_pcidev_by_busid(t, a.domain, a.bus, a.device, a.function);
+}
+
+// The NUMA node (os index) nearest a PCI device, or of the whole machine.
+int NumaOf(hwloc_topology_t t, hwloc_obj_t obj) {
+  hwloc_obj_t cpu_side = obj ? hwloc_get_non_io_ancestor_obj(t, obj) : hwloc_get_root_obj(t);
+  hwloc_obj_t node = hwloc_get_next_obj_covering_cpuset_by_type(t, cpu_side->cpuset,
+                                                                  HWLOC_OBJ_NUMANODE, nullptr);
+  if (node == nullptr) {  // the cpuset covers several nodes: take the first of its nodeset
+    int first = hwloc_bitmap_first(cpu_side->nodeset);
+    return first < 0 ? 0 : first;
+  }
+  return static_cast<int>(node->os_index);
+}
+
+// True when the closest common ancestor of the two devices is a PCIe switch (a bridge whose
+// upstream side is PCI), not a host bridge or a CPU-side object.
+// (hwloc_get_common_ancestor_obj compares depths, which I/O objects do not have: walk.)
+bool ShareSwitch(hwloc_obj_t a, hwloc_obj_t b) {
+  hwloc_obj_t common = nullptr;
+  for (hwloc_obj_t x = a; x != nullptr && common == nullptr; x = x->parent)
+    for (hwloc_obj_t y = b; y != nullptr; y = y->parent)
+      if (x == y) {
+        common = x;
+        break;
+      }
+  return common != nullptr && common->type == HWLOC_OBJ_BRIDGE &&
+         common->attr->bridge.upstream_type == HWLOC_OBJ_BRIDGE_PCI;
+}
+
+// One PU per core of a NUMA node, by os index.
+std::vector<unsigned> CoresOf(hwloc_topology_t t, int numa) {
+  hwloc_obj_t node = hwloc_get_numanode_obj_by_os_index(t, static_cast<unsigned>(numa));
+  std::vector<unsigned> cpus;
+  if (node == nullptr) return cpus;
+  hwloc_obj_t core = nullptr;
+  while ((core = hwloc_get_next_obj_inside_cpuset_by_type(t, node->cpuset, HWLOC_OBJ_CORE, core)))
+    cpus.push_back(static_cast<unsigned>(hwloc_bitmap_first(core->cpuset)));
+  if (cpus.empty()) {  // no core objects: one entry per PU
+    hwloc_obj_t pu = nullptr;
+    while ((pu = hwloc_get_next_obj_inside_cpuset_by_type(t, node->cpuset, HWLOC_OBJ_PU, pu)))
+      cpus.push_back(pu->os_index);
+  }
+  return cpus;
+}
+
+}  // namespace
+
+std::vector<DeviceGroup> GroupDevices(const Topology& topology, const std::vector<PciAddress>& gpus,
+                                      const std::vector<NicDevice>& nics) {
+  hwloc_topology_t t = topology.get();
+  std::vector<DeviceGroup> groups;
+  std::vector<hwloc_obj_t> gpu_objs;
+  for (size_t g = 0; g < gpus.size(); ++g) {
+    hwloc_obj_t obj = FindPci(t, gpus[g]);
+    DeviceGroup group;
+    group.gpu = static_cast<int>(g);
+    group.gpu_pci = gpus[g];
+    group.numa = NumaOf(t, obj);
+    groups.push_back(group);
+    gpu_objs.push_back(obj);
+  }
+  if (gpus.empty()) {
+    hwloc_obj_t node = nullptr;
+    while ((node = hwloc_get_next_obj_by_type(t, HWLOC_OBJ_NUMANODE, node))) {
+      if (hwloc_bitmap_iszero(node->cpuset)) continue;  // memory-only node
+      DeviceGroup group;
+      group.numa = static_cast<int>(node->os_index);
+      groups.push_back(group);
+    }
+    if (groups.empty()) groups.push_back(DeviceGroup{});
+  }
+
+  // NICs under a GPU's switch first; the rest are dealt afterwards.
+  std::vector<size_t> leftover;
+  std::vector<int> leftover_numa;
+  for (size_t n = 0; n < nics.size(); ++n) {
+    hwloc_obj_t nic = nics[n].pci ? FindPci(t, *nics[n].pci) : nullptr;
+    bool placed = false;
+    for (size_t g = 0; nic && !placed && g < gpu_objs.size(); ++g) {
+      if (gpu_objs[g] && ShareSwitch(nic, gpu_objs[g])) {
+        groups[g].nics.push_back(n);
+        placed = true;
+      }
+    }
+    if (!placed) {
+      leftover.push_back(n);
+      leftover_numa.push_back(nic ? NumaOf(t, nic) : -1);
+    }
+  }
+  for (size_t i = 0; i < leftover.size(); ++i) {
+    size_t best = 0;
+    for (size_t g = 1; g < groups.size(); ++g) {
+      auto key = [&](size_t k) {
+        return std::make_pair(groups[k].nics.size(), groups[k].numa == leftover_numa[i] ? 0 : 1);
+      };
+      if (key(g) < key(best)) best = g;
+    }
+    groups[best].nics.push_back(leftover[i]);
+  }
+
+  // Cores: each NUMA node's cores split evenly among its groups, in GPU order.
+  std::map<int, std::vector<size_t>> by_node;
+  for (size_t g = 0; g < groups.size(); ++g) by_node[groups[g].numa].push_back(g);
+  for (auto& [numa, members] : by_node) {
+    const std::vector<unsigned> cores = CoresOf(t, numa);
+    const size_t n = members.size();
+    for (size_t k = 0; k < n; ++k) {
+      const size_t begin = cores.size() * k / n, end = cores.size() * (k + 1) / n;
+      groups[members[k]].cpus.assign(cores.begin() + begin, cores.begin() + end);
+    }
+  }
+  return groups;
+}
+
+std::string FormatCpuList(const std::vector<unsigned>& cpus) {
+  std::string out;
+  for (size_t i = 0; i < cpus.size();) {
+    size_t j = i;
+    while (j + 1 < cpus.size() && cpus[j + 1] == cpus[j] + 1) ++j;
+    if (!out.empty()) out += ",";
+    out += std::to_string(cpus[i]);
+    if (j > i) out += "-" + std::to_string(cpus[j]);
+    i = j + 1;
+  }
+  return out.empty() ? "none" : out;
+}
+
+std::string FormatGroup(const DeviceGroup& group, const std::vector<NicDevice>& nics) {
+  std::string out = group.gpu ? "cuda:" + std::to_string(*group.gpu) + "(" +
+                                    (group.gpu_pci ? group.gpu_pci->Short() : "?") + ")"
+                              : std::string("host");
+  out += " NUMA" + std::to_string(group.numa) + " CPU " + FormatCpuList(group.cpus);
+  for (size_t n : group.nics) {
+    out += " " + nics[n].name;
+    if (nics[n].pci) out += " (" + nics[n].pci->Short() + ")";
+  }
+  return out;
+}
+
+std::string FormatTotals(const std::vector<DeviceGroup>& groups, const std::vector<NicDevice>& nics) {
+  size_t gpus = 0;
+  double gbps = 0;
+  for (const auto& g : groups) gpus += g.gpu ? 1 : 0;
+  for (const auto& n : nics) gbps += n.link_gbps;
+  char line[128];
+  std::snprintf(line, sizeof(line), "GPUs: %zu, NICs: %zu, Total Bandwidth: %g Gbps", gpus,
+                nics.size(), gbps);
+  return line;
+}
+
+}  // namespace common

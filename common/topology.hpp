@@ -1,0 +1,73 @@
+// Which NICs, NUMA node and cores belong to which GPU (DESIGN.md, "Topology"), read from
+// hwloc. GroupDevices is a pure function of an hwloc topology and the device lists, so it is
+// unit-tested on XML fixtures (tests/data/) shaped like real machines.
+#pragma once
+
+#include <hwloc.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace common {
+
+struct PciAddress {
+  uint16_t domain = 0;
+  uint8_t bus = 0, device = 0, function = 0;
+  static std::optional<PciAddress> Parse(const std::string& text);  // "0000:53:00.0" or "53:00.0"
+  std::string Full() const;   // "0000:53:00.0"
+  std::string Short() const;  // "53:00.0", as the published programs print
+};
+
+struct NicDevice {
+  std::string name;               // libfabric domain name: rdmap79s0, eth0, mca0, shm
+  std::optional<PciAddress> pci;  // from fi_info->nic->bus_attr; none for veth, lo, shm
+  double link_gbps = 0;
+};
+
+struct DeviceGroup {
+  std::optional<int> gpu;             // CUDA device index; none for a host-memory group
+  std::optional<PciAddress> gpu_pci;
+  int numa = 0;                       // NUMA node os index
+  std::vector<unsigned> cpus;         // one PU per core, os indices
+  std::vector<size_t> nics;           // indices into the NIC list
+};
+
+// Owns an hwloc topology.
+class Topology {
+ public:
+  static Topology Load();                         // this machine, with PCI devices
+  static Topology FromXml(const std::string& path);
+  hwloc_topology_t get() const { return topology_.get(); }
+
+ private:
+  struct Destroy {
+    void operator()(hwloc_topology* t) const noexcept { hwloc_topology_destroy(t); }
+  };
+  std::unique_ptr<hwloc_topology, Destroy> topology_;
+};
+
+// Groups NICs, a NUMA node and cores around each GPU:
+//  - a NIC goes to the GPU it shares a PCIe switch with (their closest common ancestor is a
+//    PCI-to-PCI bridge, not a host bridge or anything above);
+//  - a NIC that shares no switch with any GPU (on no switch, under a host bridge of its
+//    own, or without PCI attributes: veth, lo, shm) goes to the group with the fewest NICs,
+//    preferring its own NUMA node, then the lowest GPU index: dealt round-robin;
+//  - each group's cores are its NUMA node's cores, split evenly among the node's groups in
+//    GPU order;
+//  - with no GPU, there is one host-memory group per NUMA node that has cores.
+std::vector<DeviceGroup> GroupDevices(const Topology& topology,
+                                      const std::vector<PciAddress>& gpus,
+                                      const std::vector<NicDevice>& nics);
+
+// "0-11", "0-3,8,10-11"
+std::string FormatCpuList(const std::vector<unsigned>& cpus);
+
+// "cuda:0(53:00.0) NUMA0 CPU 0-11 rdmap79s0 (4f:00.0) ...", as the published programs did.
+std::string FormatGroup(const DeviceGroup& group, const std::vector<NicDevice>& nics);
+// "GPUs: 8, NICs: 32, Total Bandwidth: 3200 Gbps"
+std::string FormatTotals(const std::vector<DeviceGroup>& groups, const std::vector<NicDevice>& nics);
+
+}  // namespace common

@@ -1,0 +1,113 @@
+// Topology grouping on hwloc XML fixtures (tests/data/, written by make_topology_fixtures.py).
+#include <gtest/gtest.h>
+
+#include "topology.hpp"
+
+using namespace common;
+
+namespace {
+
+std::string Fixture(const char* name) { return std::string(TEST_DATA_DIR) + "/" + name; }
+
+PciAddress Pci(const char* text) { return *PciAddress::Parse(text); }
+
+}  // namespace
+
+TEST(PciAddress, ParsesAndFormats) {
+  EXPECT_EQ(Pci("0000:53:00.0").Short(), "53:00.0");
+  EXPECT_EQ(Pci("4f:00.0").Full(), "0000:4f:00.0");
+  EXPECT_EQ(Pci("0001:c9:1f.7").Full(), "0001:c9:1f.7");
+  EXPECT_FALSE(PciAddress::Parse("53:00").has_value());
+  EXPECT_FALSE(PciAddress::Parse("zz:00.0").has_value());
+  EXPECT_FALSE(PciAddress::Parse("53:00.0x").has_value());
+  EXPECT_FALSE(PciAddress::Parse("53:20.0").has_value());  // device numbers stop at 1f
+}
+
+TEST(FormatCpuList, Ranges) {
+  EXPECT_EQ(FormatCpuList({0, 1, 2, 3}), "0-3");
+  EXPECT_EQ(FormatCpuList({0, 1, 2, 3, 8, 10, 11}), "0-3,8,10-11");
+  EXPECT_EQ(FormatCpuList({5}), "5");
+  EXPECT_EQ(FormatCpuList({}), "none");
+}
+
+// The published p5 table (../shared/facts/p5.md): 8 groups, each with its GPU, the 4 EFA
+// NICs under its switch, its NUMA node and 12 cores.
+TEST(GroupDevices, P5MatchesThePublishedTable) {
+  const Topology topology = Topology::FromXml(Fixture("p5.xml"));
+  const char* gpu_bus[] = {"53", "64", "75", "86", "97", "a8", "b9", "ca"};
+  const int first_nic_bus[] = {0x4f, 0x60, 0x71, 0x82, 0x93, 0xa4, 0xb5, 0xc6};
+  std::vector<PciAddress> gpus;
+  for (const char* bus : gpu_bus) gpus.push_back(Pci((std::string(bus) + ":00.0").c_str()));
+  // NICs in libfabric's order, deliberately not grouped: rdmap<bus in decimal>s0.
+  std::vector<NicDevice> nics;
+  for (int k = 3; k >= 0; --k) {
+    for (int g = 0; g < 8; ++g) {
+      const int bus = first_nic_bus[g] + k;
+      char pci[16];
+      std::snprintf(pci, sizeof(pci), "%02x:00.0", bus);
+      nics.push_back({"rdmap" + std::to_string(bus) + "s0", Pci(pci), 100});
+    }
+  }
+  const auto groups = GroupDevices(topology, gpus, nics);
+  ASSERT_EQ(groups.size(), 8u);
+  EXPECT_EQ(FormatTotals(groups, nics), "GPUs: 8, NICs: 32, Total Bandwidth: 3200 Gbps");
+  EXPECT_EQ(FormatGroup(groups[0], nics),
+            "cuda:0(53:00.0) NUMA0 CPU 0-11 rdmap82s0 (52:00.0) rdmap81s0 (51:00.0) "
+            "rdmap80s0 (50:00.0) rdmap79s0 (4f:00.0)");
+  const char* cpus[] = {"0-11", "12-23", "24-35", "36-47", "48-59", "60-71", "72-83", "84-95"};
+  for (int g = 0; g < 8; ++g) {
+    SCOPED_TRACE(g);
+    EXPECT_EQ(groups[g].gpu, g);
+    EXPECT_EQ(groups[g].numa, g < 4 ? 0 : 1);
+    EXPECT_EQ(FormatCpuList(groups[g].cpus), cpus[g]);
+    ASSERT_EQ(groups[g].nics.size(), 4u);
+    std::vector<int> buses;
+    for (size_t n : groups[g].nics) buses.push_back(nics[n].pci->bus);
+    std::sort(buses.begin(), buses.end());
+    for (int k = 0; k < 4; ++k) EXPECT_EQ(buses[k], first_nic_bus[g] + k);
+  }
+}
+
+// The odd machine: GPU 1's switch has no NIC, and one NIC is on no switch at all. Documented
+// answer (topology.hpp): NICs that share no switch with a GPU go to the group with the fewest
+// NICs, preferring their NUMA node, then the lowest GPU index; NICs without PCI likewise.
+TEST(GroupDevices, OddMachineHasADocumentedAnswer) {
+  const Topology topology = Topology::FromXml(Fixture("odd.xml"));
+  const std::vector<PciAddress> gpus = {Pci("15:00.0"), Pci("24:00.0")};
+  const std::vector<NicDevice> nics = {{"nic13", Pci("13:00.0"), 100},
+                                       {"orphan", Pci("30:00.0"), 100},
+                                       {"nic14", Pci("14:00.0"), 100},
+                                       {"veth0", std::nullopt, 1},
+                                       {"veth1", std::nullopt, 1}};
+  const auto groups = GroupDevices(topology, gpus, nics);
+  ASSERT_EQ(groups.size(), 2u);
+  EXPECT_EQ(FormatGroup(groups[0], nics), "cuda:0(15:00.0) NUMA0 CPU 0-3 nic13 (13:00.0) nic14 (14:00.0) veth1");
+  EXPECT_EQ(FormatGroup(groups[1], nics), "cuda:1(24:00.0) NUMA0 CPU 4-7 orphan (30:00.0) veth0");
+}
+
+TEST(GroupDevices, WithoutGpuOneHostGroupPerNumaNode) {
+  const Topology topology = Topology::FromXml(Fixture("p5.xml"));
+  std::vector<NicDevice> nics = {{"mca0", std::nullopt, 1}, {"mca1", std::nullopt, 1},
+                                 {"mca2", std::nullopt, 1}, {"rdmap79s0", Pci("4f:00.0"), 100}};
+  const auto groups = GroupDevices(topology, {}, nics);
+  ASSERT_EQ(groups.size(), 2u);
+  EXPECT_FALSE(groups[0].gpu.has_value());
+  EXPECT_EQ(FormatCpuList(groups[0].cpus), "0-47");
+  EXPECT_EQ(FormatCpuList(groups[1].cpus), "48-95");
+  // Round-robin: mca0 -> 0, mca1 -> 1, mca2 -> 0; the EFA NIC prefers its NUMA node 0 but
+  // node 0 has more NICs, so it goes to 1.
+  EXPECT_EQ(FormatGroup(groups[0], nics), "host NUMA0 CPU 0-47 mca0 mca2");
+  EXPECT_EQ(FormatGroup(groups[1], nics), "host NUMA1 CPU 48-95 mca1 rdmap79s0 (4f:00.0)");
+}
+
+TEST(GroupDevices, ThisMachineLoads) {
+  const Topology topology = Topology::Load();
+  const auto groups = GroupDevices(topology, {}, {{"lo", std::nullopt, 0}});
+  ASSERT_GE(groups.size(), 1u);
+  EXPECT_FALSE(groups[0].cpus.empty());
+  EXPECT_EQ(groups[0].nics.size() + (groups.size() > 1 ? groups[1].nics.size() : 0), 1u);
+}
+
+TEST(Topology, BadXmlIsAnError) {
+  EXPECT_THROW(Topology::FromXml("/nonexistent.xml"), std::exception);
+}
