@@ -41,7 +41,7 @@ constexpr size_t kCqBatch = 16;         // completions read per fi_cq_read
 using Clock = std::chrono::steady_clock;
 
 // Every message starts with this header; `length` counts the bytes after it.
-enum class MessageType : uint32_t { kConnect = 1, kText = 2, kReply = 3, kBye = 4 };
+enum class MessageType : uint32_t { kConnect = 1, kText = 2, kReply = 3, kBye = 4, kAccept = 5 };
 
 struct MessageHeader {
   MessageType type;
@@ -228,6 +228,12 @@ int ServerMain(const Options& options) {
     } else if (header.type == MessageType::kConnect) {
       fi_addr_t client = net.AddPeerAddress({payload, header.length});
       std::printf("client %llu connected\n", static_cast<unsigned long long>(client));
+      // ACCEPT: only now may the client send more. A message read in the same batch as
+      // its sender's CONNECT would come from FI_ADDR_NOTAVAIL.
+      while (free_sends.empty()) progress();
+      Op* accept = free_sends.back();
+      free_sends.pop_back();
+      SendMessage(net, *accept, client, MessageType::kAccept, {}, progress);
     } else if (source == FI_ADDR_NOTAVAIL) {
       std::printf("dropped a message from a client that did not CONNECT\n");
     } else if (header.type == MessageType::kText) {
@@ -275,7 +281,7 @@ int ClientMain(const Options& options) {
   const auto deadline = Clock::now() + std::chrono::duration<double>(options.timeout_s);
   size_t sends_done = 0;
   std::string answer;
-  bool answered = false;
+  bool accepted = false, answered = false;
   auto on_done = [&](Op& op, const fi_cq_data_entry& done, fi_addr_t) {
     if (op.kind == OpKind::kSend) {
       ++sends_done;
@@ -283,6 +289,11 @@ int ClientMain(const Options& options) {
     }
     MessageHeader header{};
     std::memcpy(&header, op.buffer, std::min(done.len, sizeof(header)));
+    if (done.len == sizeof(header) && header.type == MessageType::kAccept && header.length == 0) {
+      accepted = true;
+      net.PostRecv(op);  // again, for the answer
+      return;
+    }
     if (done.len < sizeof(header) || header.type != MessageType::kReply ||
         header.length != done.len - sizeof(header))
       throw Error("malformed answer from the server");
@@ -297,6 +308,7 @@ int ClientMain(const Options& options) {
   };
 
   SendMessage(net, connect, server, MessageType::kConnect, net.Address(), progress);
+  while (!accepted) progress();  // our address is in the server's AV now
   SendMessage(net, text, server, MessageType::kText,
               {reinterpret_cast<const uint8_t*>(options.text.data()), options.text.size()},
               progress);

@@ -380,6 +380,7 @@ int ServerMain(const Options& options) {
         std::printf("client %llu connected: region of %llu bytes\n",
                     static_cast<unsigned long long>(client),
                     static_cast<unsigned long long>(connect->lanes[0].region.length));
+        SendMessage(net, mail, client, wire::Accept{}, progress);
       } else if (!known) {
         std::printf("dropped a message from a sender that did not CONNECT\n");
       } else if (auto* transfer = std::get_if<wire::Transfer>(&message)) {
@@ -465,6 +466,7 @@ int ClientMain(const Options& options) {
   uint64_t arrived = 0;
   size_t sends_done = 0;
   std::string refused;
+  bool accepted = false;
   const auto idle_limit = std::chrono::duration<double>(options.timeout_s);
   auto last_progress = Clock::now();
   auto on_done = [&](Op* op, const fi_cq_data_entry& done, fi_addr_t) {
@@ -477,10 +479,14 @@ int ClientMain(const Options& options) {
       ++sends_done;
     } else if (op->kind == OpKind::kRecv) {
       wire::Message message = wire::Decode({op->buffer, done.len});
-      auto* error = std::get_if<wire::ErrorReply>(&message);
-      if (error == nullptr) throw Error("unexpected message from the server");
-      refused = error->text;
       net.PostRecv(*op);
+      if (std::holds_alternative<wire::Accept>(message)) {
+        accepted = true;
+      } else if (auto* error = std::get_if<wire::ErrorReply>(&message)) {
+        refused = error->text;
+      } else {
+        throw Error("unexpected message from the server");
+      }
     }
   };
   auto progress = [&] {
@@ -493,6 +499,7 @@ int ClientMain(const Options& options) {
   wire::Connect connect;
   connect.lanes.push_back({net.Address(), net.Advertise(region_mr.get(), region.nic_data(), region.size())});
   SendMessage(net, mail, server, connect, progress);
+  while (!accepted && refused.empty()) progress();  // our address is in the server's AV now
   const auto start = Clock::now();
   SendMessage(net, mail, server, request, progress);
   while (arrived < expected && refused.empty()) progress();

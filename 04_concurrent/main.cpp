@@ -431,6 +431,7 @@ int ServerMain(const Options& options) {
         std::printf("client %llu connected: region of %llu bytes\n",
                     static_cast<unsigned long long>(client),
                     static_cast<unsigned long long>(connect->lanes[0].region.length));
+        SendMessage(net, mail, client, wire::Accept{}, progress);
       } else if (!known) {
         std::printf("dropped a message from a sender that did not CONNECT\n");
       } else if (auto* transfer = std::get_if<wire::Transfer>(&message)) {
@@ -524,6 +525,7 @@ int ClientMain(const Options& options) {
   uint64_t arrived_total = 0;
   size_t sends_done = 0;
   std::string refused;
+  bool accepted = false;
   const auto idle_limit = std::chrono::duration<double>(options.timeout_s);
   auto last_progress = Clock::now();
   auto on_done = [&](Op* op, const fi_cq_data_entry& done, fi_addr_t) {
@@ -537,6 +539,11 @@ int ClientMain(const Options& options) {
       ++sends_done;
     } else if (op->kind == OpKind::kRecv) {
       wire::Message message = wire::Decode({op->buffer, done.len});
+      net.PostRecv(*op);
+      if (std::holds_alternative<wire::Accept>(message)) {
+        accepted = true;
+        return;
+      }
       auto* error = std::get_if<wire::ErrorReply>(&message);
       if (error == nullptr) throw Error("unexpected message from the server");
       if (refused.empty())
@@ -544,7 +551,6 @@ int ClientMain(const Options& options) {
       // The other requests are still being written: wait for them before saying BYE.
       if (error->request_id >= 1 && error->request_id <= requests.size())
         expected -= requests[error->request_id - 1].pages.size() * options.repeat;
-      net.PostRecv(*op);
     }
   };
   auto progress = [&] {
@@ -557,6 +563,7 @@ int ClientMain(const Options& options) {
   wire::Connect connect;
   connect.lanes.push_back({net.Address(), net.Advertise(region_mr.get(), region.nic_data(), region.size())});
   SendMessage(net, mail, server, connect, progress);
+  while (!accepted && refused.empty()) progress();  // our address is in the server's AV now
   const auto start = Clock::now();
   for (const auto& request : requests) SendMessage(net, mail, server, request, progress);
   while (arrived_total < expected) progress();

@@ -84,6 +84,8 @@ std::vector<uint8_t> Encode(const Message& message) {
     const std::string text = e->text.substr(0, room);
     w.Put(static_cast<uint32_t>(text.size()));
     w.PutBytes({reinterpret_cast<const uint8_t*>(text.data()), text.size()});
+  } else if (std::holds_alternative<Accept>(message)) {
+    type = static_cast<uint16_t>(MessageType::kAccept);
   } else {
     type = static_cast<uint16_t>(MessageType::kBye);
   }
@@ -152,6 +154,9 @@ Message Decode(std::span<const uint8_t> bytes) {
     case MessageType::kBye:
       r.ExpectEnd();
       return Bye{};
+    case MessageType::kAccept:
+      r.ExpectEnd();
+      return Accept{};
   }
   throw ProtocolError("unknown message type " + std::to_string(h.type));
 }

@@ -27,7 +27,7 @@ inline constexpr uint64_t kMaxRequestBytes = 1ull << 30;  // server source buffe
 inline constexpr uint64_t kMaxRepeat = 1ull << 24;
 inline constexpr uint64_t kMaxRegionBytes = 1ull << 40;
 
-enum class MessageType : uint16_t { kConnect = 1, kTransfer = 2, kError = 3, kBye = 4 };
+enum class MessageType : uint16_t { kConnect = 1, kTransfer = 2, kError = 3, kBye = 4, kAccept = 5 };
 
 struct Header {
   uint32_t magic;
@@ -71,7 +71,12 @@ struct ErrorReply {
 
 struct Bye {};
 
-using Message = std::variant<Connect, Transfer, ErrorReply, Bye>;
+// The server's answer to CONNECT: the client's addresses are in its AV now. A client sends
+// nothing else before it: a message read together with the CONNECT that introduced its
+// sender would otherwise come without a known source (FI_ADDR_NOTAVAIL).
+struct Accept {};
+
+using Message = std::variant<Connect, Transfer, ErrorReply, Bye, Accept>;
 
 // A message that breaks the protocol; the text says which field and value.
 class ProtocolError : public Error {

@@ -68,7 +68,7 @@ TEST_P(BadInput, HelpExplainsAndExitsZero) {
 
 INSTANTIATE_TEST_SUITE_P(Stages, BadInput,
                          ::testing::Values("01_send_recv", "02_bidirectional", "03_gpudirect_write",
-                                           "04_concurrent", "05_queuing"));
+                                           "04_concurrent", "05_queuing", "06_multi_nic"));
 
 // Options of the transfer stages.
 class BadTransferInput : public BadInput {};
@@ -92,6 +92,21 @@ TEST_P(BadTransferInput, UnknownMemoryKind) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Stages, BadTransferInput,
-                         ::testing::Values("03_gpudirect_write", "04_concurrent", "05_queuing"));
+                         ::testing::Values("03_gpudirect_write", "04_concurrent", "05_queuing",
+                                           "06_multi_nic"));
+
+class BadLaneInput : public BadInput {};
+
+TEST_P(BadLaneInput, UnknownWaitMode) { ExpectUsageError({"--wait", "maybe"}, "invalid --wait 'maybe'"); }
+
+TEST_P(BadLaneInput, TooManyLanes) {
+  ExpectUsageError({"-p", "shm", "--memory", "host", "--nics", "65"}, "invalid --nics 65");
+}
+
+TEST_P(BadLaneInput, BlockingWithoutAWaitObject) {
+  ExpectUsageError({"-p", "shm", "--memory", "host", "--wait", "block"}, "--wait block: provider shm");
+}
+
+INSTANTIATE_TEST_SUITE_P(Stages, BadLaneInput, ::testing::Values("06_multi_nic"));
 
 }  // namespace

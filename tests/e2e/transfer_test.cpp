@@ -16,6 +16,18 @@ namespace {
 // How many requests a client of this stage sends (03 sends one; later stages --requests).
 int RequestsOf(const std::string& stage) { return stage == "03_gpudirect_write" ? 1 : 4; }
 
+// Lanes from 06 on: two here, so striping is always exercised.
+std::vector<std::string> LaneArgs(const std::string& stage) {
+  if (stage < "06") return {};
+  return {"--nics", "2"};
+}
+
+std::vector<std::string> ServerArgs(const std::string& stage) {
+  std::vector<std::string> args = {"--memory", "host"};
+  for (auto& a : LaneArgs(stage)) args.push_back(a);
+  return args;
+}
+
 class Transfer : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {
  protected:
   std::string stage() const { return std::get<0>(GetParam()); }
@@ -28,6 +40,7 @@ class Transfer : public ::testing::TestWithParam<std::tuple<std::string, std::st
     }
     args.push_back("--memory");
     args.push_back("host");
+    for (auto& a : LaneArgs(stage())) args.push_back(a);
     return args;
   }
 };
@@ -38,7 +51,7 @@ TEST_P(Transfer, VerifiesEveryPageForSeveralSizes) {
     long long bytes;
     int pages;
   } cases[] = {{"4k", 4096, 100}, {"64k", 65536, 37}, {"1m", 1 << 20, 8}, {"1000", 1000, 5}};
-  StageServer server(stage(), provider(), 4, {"--memory", "host"});
+  StageServer server(stage(), provider(), 4, ServerArgs(stage()));
   ASSERT_FALSE(server.address().empty());
   for (const auto& c : cases) {
     Result client = RunClient(stage(), provider(), server.address(),
@@ -54,7 +67,7 @@ TEST_P(Transfer, VerifiesEveryPageForSeveralSizes) {
 }
 
 TEST_P(Transfer, PageOutsideRegionIsRefusedAndTheNextClientSucceeds) {
-  StageServer server(stage(), provider(), 2, {"--memory", "host"});
+  StageServer server(stage(), provider(), 2, ServerArgs(stage()));
   ASSERT_FALSE(server.address().empty());
   Result bad = RunClient(stage(), provider(), server.address(),
                          With({"--pages", "16", "-S", "4k", "--test-bad-page"}));
@@ -69,7 +82,7 @@ TEST_P(Transfer, PageOutsideRegionIsRefusedAndTheNextClientSucceeds) {
 }
 
 TEST_P(Transfer, CorruptedPageFailsVerification) {
-  StageServer server(stage(), provider(), 1, {"--memory", "host"});
+  StageServer server(stage(), provider(), 1, ServerArgs(stage()));
   ASSERT_FALSE(server.address().empty());
   Result client = RunClient(stage(), provider(), server.address(),
                             With({"--pages", "8", "-S", "4k", "--test-corrupt"}));
@@ -82,7 +95,7 @@ TEST_P(Transfer, CorruptedPageFailsVerification) {
 TEST_P(Transfer, ClientWithoutServerGivesUpInBoundedTime) {
   std::string address;
   {
-    StageServer server(stage(), provider(), 0, {"--memory", "host"});
+    StageServer server(stage(), provider(), 0, ServerArgs(stage()));
     address = server.address();
   }  // killed here
   ASSERT_FALSE(address.empty());
@@ -96,10 +109,11 @@ TEST_P(Transfer, ClientWithoutServerGivesUpInBoundedTime) {
 
 // GPU memory: runs where there is a GPU; elsewhere the client must answer 77 (skipped).
 TEST_P(Transfer, CudaMemoryOrExit77) {
-  StageServer server(stage(), provider(), 1, {"--memory", "host"});
+  StageServer server(stage(), provider(), 1, ServerArgs(stage()));
   ASSERT_FALSE(server.address().empty());
   std::vector<std::string> args = {"--pages", "64", "-S", "64k", "--memory", "cuda"};
   if (RequestsOf(stage()) > 1) args.insert(args.end(), {"--requests", "2"});
+  for (auto& a : LaneArgs(stage())) args.push_back(a);
   Result client = RunClient(stage(), provider(), server.address(), args);
   if (client.exit_code == 77) {
     EXPECT_NE(client.err.find("--memory cuda"), std::string::npos) << client.err;
@@ -114,7 +128,7 @@ TEST_P(Transfer, CudaMemoryOrExit77) {
 
 INSTANTIATE_TEST_SUITE_P(Stages, Transfer,
                          ::testing::Combine(::testing::Values("03_gpudirect_write", "04_concurrent",
-                                                              "05_queuing"),
+                                                              "05_queuing", "06_multi_nic"),
                                             ::testing::Values("shm", "tcp")),
                          [](const auto& info) {
                            return std::get<0>(info.param) + "_" + std::get<1>(info.param);
@@ -150,3 +164,39 @@ TEST(Queue, MillionWritesAllVerified) {
 }
 
 }  // namespace
+
+// 06 on one host: 4 lanes (several endpoints of one domain), pages striped, all verified;
+// and a client with more lanes than the server uses only the server's.
+class Lanes : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(Lanes, FourLanesVerified) {
+  StageServer server("06_multi_nic", GetParam(), 2, {"--memory", "host", "--nics", "4"});
+  ASSERT_FALSE(server.address().empty());
+  Result four = RunClient("06_multi_nic", GetParam(), server.address(),
+                          {"--memory", "host", "--nics", "4", "--pages", "257", "-S", "16k",
+                           "--requests", "3", "--repeat", "2", "--json"});
+  ASSERT_EQ(four.exit_code, 0) << four.err;
+  EXPECT_EQ(NumberAfter(four.out, "\"verified_bytes\":"), 257LL * 16384 * 3);
+  EXPECT_EQ(NumberAfter(four.out, "\"lanes\":"), 4);
+  EXPECT_NE(four.out.find("4 lanes"), std::string::npos) << four.out;
+  Result six = RunClient("06_multi_nic", GetParam(), server.address(),
+                         {"--memory", "host", "--nics", "6", "--pages", "64", "-S", "4k"});
+  ASSERT_EQ(six.exit_code, 0) << six.err;
+  EXPECT_EQ(NumberAfter(six.out, "verified "), 64LL * 4096 * 4);
+  Result done = server.Wait();
+  EXPECT_EQ(done.exit_code, 0) << done.err;
+  EXPECT_NE(done.out.find("4 lanes"), std::string::npos) << done.out;
+}
+
+TEST_P(Lanes, PrintsTheTopologyGroups) {
+  Result r = RunToEnd({StageBinary("06_multi_nic"), "-p", GetParam() == "tcp" ? "tcp" : "shm",
+                       "--domain", GetParam() == "tcp" ? "lo" : "shm", "--memory", "host",
+                       "--max-clients", "1", "--timeout", "1", "--address-file", "/dev/null",
+                       "--nics", "3"},
+                      3s);  // a server: stopped by the limit after it printed its header
+  EXPECT_NE(r.out.find("GPUs: 0, NICs: 1, Total Bandwidth:"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("  host NUMA0 CPU "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("3 lanes"), std::string::npos) << r.out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Providers, Lanes, ::testing::Values("shm", "tcp"));

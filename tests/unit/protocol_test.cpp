@@ -63,6 +63,7 @@ TEST(Protocol, EveryMessageRoundTrips) {
   EXPECT_EQ(e.request_id, 3u);
   EXPECT_EQ(e.text, "no");
   EXPECT_TRUE(std::holds_alternative<Bye>(Decode(Encode(Bye{}))));
+  EXPECT_TRUE(std::holds_alternative<Accept>(Decode(Encode(Accept{}))));
 }
 
 TEST(Protocol, HeaderFieldsAreChecked) {

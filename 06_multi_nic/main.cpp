@@ -1,0 +1,747 @@
+// 06_multi_nic: several NICs, chosen from the machine's topology, and pages striped over them.
+//
+// A p5 has 4 EFA NICs under each GPU's PCIe switch. hwloc tells which NICs, NUMA node and
+// cores belong with which GPU (common/topology.hpp); the program opens one fabric, domain,
+// CQ, AV and endpoint per chosen NIC, a "lane". CONNECT carries every lane's address and the
+// region's key on every lane; lane i of the server writes to lane i of the client, page after
+// page in turn, and the client counts completions over all lanes. --wait block sleeps in the
+// provider's wait objects instead of spinning, which matters when the CPUs are also the
+// network (tcp on a small machine). The walkthrough is in README.md.
+
+#include <rdma/fabric.h>
+#include <rdma/fi_cm.h>
+#include <rdma/fi_domain.h>
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_errno.h>
+#include <rdma/fi_rma.h>
+
+#include <poll.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <list>
+#include <memory>
+#include <map>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "address.hpp"
+#include "error.hpp"
+#include "fabric_handles.hpp"
+#include "host_buffer.hpp"
+#include "options.hpp"
+#include "page_buffer.hpp"
+#include "page_data.hpp"
+#include "program.hpp"
+#include "report.hpp"
+#include "protocol.hpp"
+#include "provider.hpp"
+#include "topology.hpp"
+
+using namespace common;
+
+namespace {
+
+constexpr const char* kProgram = "06_multi_nic";
+constexpr size_t kMessageBytes = wire::kMaxMessageBytes;  // every message buffer has this size
+constexpr size_t kRecvDepth = 8;        // receives each side keeps posted
+constexpr size_t kCqBatch = 16;         // completions read per fi_cq_read
+constexpr uint64_t kMaxRequestsInFlight = 64;
+
+using Clock = std::chrono::steady_clock;
+
+// One posted operation. libfabric hands `context` back in the completion (FI_CONTEXT2 mode
+// reserves it for the provider), and from it we find the whole Op again.
+enum class OpKind { kRecv, kSend, kWrite };
+struct Request;
+
+struct Op {
+  fi_context2 context{};
+  OpKind kind = OpKind::kRecv;
+  uint8_t* buffer = nullptr;
+  size_t length = 0;
+  void* desc = nullptr;  // local descriptor of the registered buffer (FI_MR_LOCAL)
+  Request* request = nullptr;  // the request a WRITE belongs to
+  uint64_t remote_offset = 0;  // where in the peer's region a WRITE goes
+  size_t lane = 0;             // the NIC a WRITE goes out on
+};
+
+Op* OpOf(void* context) { return reinterpret_cast<Op*>(context); }
+
+class Network {
+ public:
+  static Network Open(FiInfoPtr nic, WaitMode wait);
+  std::vector<uint8_t> Address() const;
+  fi_addr_t AddPeerAddress(std::span<const uint8_t> address);
+  MrPtr RegisterMemory(void* data, size_t size, uint64_t access, const CudaBuffer* gpu = nullptr);
+  bool TakesCudaMemory();
+  wire::RemoteRegion Advertise(fid_mr* mr, const void* data, size_t size) const;
+  void PostRecv(Op& op);
+  bool PostSend(Op& op, fi_addr_t dest);
+  bool PostWrite(Op& op, fi_addr_t dest, const wire::RemoteRegion& region, uint64_t offset,
+                 uint32_t immediate);
+  // Remote writes complete with op == nullptr: no operation of ours was posted for them.
+  size_t PollCompletion(
+      const std::function<void(Op*, const fi_cq_data_entry&, fi_addr_t)>& on_done);
+
+  // Declared in creation order, so they are closed in reverse.
+  FiInfoPtr info;
+  FabricPtr fabric;
+  DomainPtr domain;
+  CqPtr cq;
+  AvPtr av;
+  EpPtr ep;
+  uint64_t next_key = 1;  // keys we choose when the provider does not (no FI_MR_PROV_KEY)
+  int wait_fd = -1;       // the CQ's file descriptor with --wait block
+};
+
+// The NICs to use, one fi_info each: the NICs of the first group of the topology (GPU 0's,
+// or the host's), --nics of them, dealt in turn over the group's NICs when more lanes than
+// NICs are asked for (several endpoints on one domain, as shm and loopback tcp need).
+std::vector<FiInfoPtr> FindNics(const Options& options, std::span<const uint8_t> peer,
+                                bool gpu_memory) {
+  FiInfoPtr hints(fi_allocinfo());
+  hints->ep_attr->type = FI_EP_RDM;  // reliable, unconnected: one endpoint talks to many
+  hints->caps = FI_MSG | FI_SOURCE | FI_RMA;  // FI_SOURCE: completions name the sender
+  if (gpu_memory) hints->caps |= FI_HMEM;     // ask for providers that can take GPU memory
+  hints->mode = FI_CONTEXT | FI_CONTEXT2;
+  // The memory-registration modes this program honours; efa asks for all of them.
+  hints->domain_attr->mr_mode =
+      FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_HMEM;
+  std::vector<FiInfoPtr> domains;
+  try {
+    domains = SelectDomains(*hints, options.provider, options.domain, peer);
+  } catch (const UsageError&) {
+    if (!gpu_memory) throw;
+    hints->caps &= ~FI_HMEM;  // no HMEM provider: we will stage through host memory
+    domains = SelectDomains(*hints, options.provider, options.domain, peer);
+  }
+  // Loopback is a NIC only when asked for by name, or when it is the only one.
+  if (options.domain.empty() && domains.size() > 1)
+    std::erase_if(domains, [](const FiInfoPtr& d) { return std::string(d->domain_attr->name) == "lo"; });
+  // In name order (mca2 before mca10), so lane i is the same-numbered NIC on both hosts.
+  std::sort(domains.begin(), domains.end(), [](const FiInfoPtr& x, const FiInfoPtr& y) {
+    const std::string a = x->domain_attr->name, b = y->domain_attr->name;
+    return a.size() != b.size() ? a.size() < b.size() : a < b;
+  });
+
+  std::vector<NicDevice> nics;
+  for (const auto& d : domains) {
+    NicDevice nic{d->domain_attr->name, std::nullopt, LinkGbps(*d)};
+    if (d->nic && d->nic->bus_attr && d->nic->bus_attr->bus_type == FI_BUS_PCI) {
+      const fi_pci_attr& pci = d->nic->bus_attr->attr.pci;
+      nic.pci = PciAddress{pci.domain_id, pci.bus_id, pci.device_id, pci.function_id};
+    }
+    nics.push_back(nic);
+  }
+  std::vector<PciAddress> gpus;
+  for (int g = 0; gpu_memory && g < CudaDeviceCount(); ++g)
+    if (auto pci = PciAddress::Parse(CudaPciBusId(g))) gpus.push_back(*pci);
+  const auto groups = GroupDevices(Topology::Load(), gpus, nics);
+  std::printf("%s\n", FormatTotals(groups, nics).c_str());
+  for (const auto& group : groups) std::printf("  %s\n", FormatGroup(group, nics).c_str());
+
+  const DeviceGroup& group = groups.front();
+  if (group.nics.empty()) throw Error("the first group has no NIC");
+  const size_t lanes = options.nics > 0 ? options.nics : group.nics.size();
+  if (lanes > wire::kMaxLanes)
+    throw UsageError("invalid --nics " + std::to_string(lanes) + " (at most " +
+                     std::to_string(wire::kMaxLanes) + ")");
+  std::vector<FiInfoPtr> chosen;
+  for (size_t i = 0; i < lanes; ++i)
+    chosen.emplace_back(fi_dupinfo(domains[group.nics[i % group.nics.size()]].get()));
+  return chosen;
+}
+
+Network Network::Open(FiInfoPtr nic, WaitMode wait) {
+  Network net;
+  net.info = std::move(nic);
+  fid_fabric* fabric = nullptr;
+  FI_CHECK(fi_fabric(net.info->fabric_attr, &fabric, nullptr));
+  net.fabric.reset(fabric);
+  fid_domain* domain = nullptr;
+  FI_CHECK(fi_domain(net.fabric.get(), net.info.get(), &domain, nullptr));
+  net.domain.reset(domain);
+
+  fi_cq_attr cq_attr{};
+  cq_attr.format = FI_CQ_FORMAT_DATA;  // with the immediate data of remote writes
+  // Spin: we poll. Block: a file descriptor we can sleep on, for all lanes at once.
+  cq_attr.wait_obj = wait == WaitMode::kBlock ? FI_WAIT_FD : FI_WAIT_NONE;
+  fid_cq* cq = nullptr;
+  int rc = fi_cq_open(net.domain.get(), &cq_attr, &cq, nullptr);
+  if (rc != 0 && wait == WaitMode::kBlock)
+    throw UsageError(std::string("--wait block: provider ") + net.info->fabric_attr->prov_name +
+                     " has no file-descriptor wait object (" + fi_strerror(-rc) + "); use --wait spin");
+  FI_CHECK(rc);
+  net.cq.reset(cq);
+  if (wait == WaitMode::kBlock) FI_CHECK(fi_control(&net.cq->fid, FI_GETWAIT, &net.wait_fd));
+
+  fi_av_attr av_attr{};
+  av_attr.type = FI_AV_TABLE;
+  fid_av* av = nullptr;
+  FI_CHECK(fi_av_open(net.domain.get(), &av_attr, &av, nullptr));
+  net.av.reset(av);
+
+  fid_ep* ep = nullptr;
+  FI_CHECK(fi_endpoint(net.domain.get(), net.info.get(), &ep, nullptr));
+  net.ep.reset(ep);
+  FI_CHECK(fi_ep_bind(net.ep.get(), &net.cq->fid, FI_TRANSMIT | FI_RECV));
+  FI_CHECK(fi_ep_bind(net.ep.get(), &net.av->fid, 0));
+  FI_CHECK(fi_enable(net.ep.get()));
+  return net;
+}
+
+std::vector<uint8_t> Network::Address() const {
+  size_t length = 0;
+  fi_getname(&ep->fid, nullptr, &length);  // -FI_ETOOSMALL, and the length we need
+  std::vector<uint8_t> address(length);
+  FI_CHECK(fi_getname(&ep->fid, address.data(), &length));
+  address.resize(length);
+  return address;
+}
+
+fi_addr_t Network::AddPeerAddress(std::span<const uint8_t> address) {
+  fi_addr_t addr = FI_ADDR_UNSPEC;
+  int inserted = fi_av_insert(av.get(), address.data(), 1, &addr, 0, nullptr);
+  if (inserted != 1) throw Error("fi_av_insert: the peer address was not accepted");
+  return addr;
+}
+
+// GPU memory is registered with its interface and device (FI_HMEM_CUDA), as a dmabuf where
+// both libfabric and the driver offer one: the NIC then reads and writes GPU memory directly.
+MrPtr Network::RegisterMemory(void* data, size_t size, uint64_t access, const CudaBuffer* gpu) {
+  fi_mr_attr attr{};
+  iovec iov{data, size};
+  attr.mr_iov = &iov;
+  attr.iov_count = 1;
+  attr.access = access;
+  attr.requested_key = next_key++;
+  uint64_t flags = 0;
+  UniqueFd dmabuf_fd;
+  if (gpu != nullptr) {
+    attr.iface = FI_HMEM_CUDA;
+    attr.device.cuda = gpu->device();
+#ifdef FI_MR_DMABUF
+    fi_mr_dmabuf dmabuf{};
+    dmabuf_fd = gpu->ExportDmabuf();
+    if (dmabuf_fd.get() >= 0) {
+      dmabuf.fd = dmabuf_fd.get();
+      dmabuf.len = size;
+      dmabuf.base_addr = data;
+      attr.dmabuf = &dmabuf;
+      flags |= FI_MR_DMABUF;
+    }
+#endif
+  }
+  fid_mr* mr = nullptr;
+  FI_CHECK(fi_mr_regattr(domain.get(), &attr, flags, &mr));
+  return MrPtr(mr);
+}
+
+// Offering FI_HMEM is not enough: a libfabric built without CUDA support (Debian's and
+// Ubuntu's) refuses to register CUDA memory. Try once with a small buffer.
+bool Network::TakesCudaMemory() {
+  if (!(info->caps & FI_HMEM)) return false;
+  CudaBuffer probe(1 << 20, 0);
+  try {
+    RegisterMemory(probe.data(), probe.size(), FI_REMOTE_WRITE, &probe);
+    return true;
+  } catch (const Error&) {
+    return false;
+  }
+}
+
+// What the writer needs to reach our region: with FI_MR_VIRT_ADDR, remote addresses are
+// virtual addresses; otherwise (tcp without it, for example) offsets from 0.
+wire::RemoteRegion Network::Advertise(fid_mr* mr, const void* data, size_t size) const {
+  const bool virt = info->domain_attr->mr_mode & FI_MR_VIRT_ADDR;
+  return {virt ? reinterpret_cast<uint64_t>(data) : 0, size, fi_mr_key(mr)};
+}
+
+void Network::PostRecv(Op& op) {
+  op.kind = OpKind::kRecv;
+  FI_CHECK(fi_recv(ep.get(), op.buffer, kMessageBytes, op.desc, FI_ADDR_UNSPEC, &op.context));
+}
+
+// False when the provider's queue is full (-FI_EAGAIN): poll completions, then try again.
+bool Network::PostSend(Op& op, fi_addr_t dest) {
+  op.kind = OpKind::kSend;
+  ssize_t rc = fi_send(ep.get(), op.buffer, op.length, op.desc, dest, &op.context);
+  if (rc == -FI_EAGAIN) return false;
+  FI_CHECK(rc);
+  return true;
+}
+
+// One RDMA WRITE of op's buffer to `offset` in the peer's region, carrying `immediate`.
+bool Network::PostWrite(Op& op, fi_addr_t dest, const wire::RemoteRegion& region,
+                        uint64_t offset, uint32_t immediate) {
+  op.kind = OpKind::kWrite;
+  ssize_t rc = fi_writedata(ep.get(), op.buffer, op.length, op.desc, immediate, dest,
+                            region.address + offset, region.key, &op.context);
+  if (rc == -FI_EAGAIN) return false;
+  FI_CHECK(rc);
+  return true;
+}
+
+size_t Network::PollCompletion(
+    const std::function<void(Op*, const fi_cq_data_entry&, fi_addr_t)>& on_done) {
+  fi_cq_data_entry entries[kCqBatch];
+  fi_addr_t sources[kCqBatch];  // the sender's AV entry, or FI_ADDR_NOTAVAIL if not inserted
+  ssize_t n = fi_cq_readfrom(cq.get(), entries, kCqBatch, sources);
+  if (n == -FI_EAGAIN) return 0;
+  if (n == -FI_EAVAIL) {
+    fi_cq_err_entry err{};
+    fi_cq_readerr(cq.get(), &err, 0);
+    char detail[256] = "";
+    fi_cq_strerror(cq.get(), err.prov_errno, err.err_data, detail, sizeof(detail));
+    throw Error(std::string("operation failed: ") + fi_strerror(err.err) + " (" + detail + ")");
+  }
+  FI_CHECK(n);
+  for (ssize_t i = 0; i < n; ++i) {
+    Op* op = (entries[i].flags & FI_REMOTE_CQ_DATA) ? nullptr : OpOf(entries[i].op_context);
+    on_done(op, entries[i], sources[i]);
+  }
+  return static_cast<size_t>(n);
+}
+
+// --wait block: sleep until any lane's CQ has something, or `timeout_ms` passes.
+// fi_trywait says whether sleeping is safe (nothing is already waiting to be read).
+void WaitForCompletions(std::vector<Network>& lanes, int timeout_ms) {
+  std::vector<pollfd> fds;
+  for (auto& lane : lanes) {
+    if (lane.wait_fd < 0) return;
+    fid* cq = &lane.cq->fid;
+    if (fi_trywait(lane.fabric.get(), &cq, 1) != FI_SUCCESS) return;
+    fds.push_back({lane.wait_fd, POLLIN, 0});
+  }
+  poll(fds.data(), fds.size(), timeout_ms);
+}
+
+// Message buffers of one side: receives kept posted, and send buffers handed out as needed.
+struct Mailbox {
+  Mailbox(Network& net, size_t sends)
+      : buffers((kRecvDepth + sends) * kMessageBytes),
+        mr(net.RegisterMemory(buffers.data(), buffers.size(), FI_RECV | FI_SEND)),
+        recvs(kRecvDepth),
+        sends(sends) {
+    for (size_t i = 0; i < recvs.size() + sends; ++i) {
+      Op& op = i < recvs.size() ? recvs[i] : this->sends[i - recvs.size()];
+      op.buffer = buffers.data() + i * kMessageBytes;
+      op.desc = fi_mr_desc(mr.get());
+    }
+    for (auto& op : recvs) net.PostRecv(op);
+    for (auto& op : this->sends) free_sends.push_back(&op);
+  }
+  HostBuffer buffers;
+  MrPtr mr;
+  std::vector<Op> recvs, sends;
+  std::vector<Op*> free_sends;
+};
+
+// Encodes a message into a free send buffer and SENDs it, polling while none is free.
+void SendMessage(Network& net, Mailbox& mail, fi_addr_t dest, const wire::Message& message,
+                 const std::function<void()>& progress) {
+  const std::vector<uint8_t> bytes = wire::Encode(message);
+  while (mail.free_sends.empty()) progress();
+  Op* op = mail.free_sends.back();
+  mail.free_sends.pop_back();
+  std::memcpy(op->buffer, bytes.data(), bytes.size());
+  op->length = bytes.size();
+  while (!net.PostSend(*op, dest)) progress();
+}
+
+PageBuffer::Path ChoosePath(Network& net, MemoryKind memory) {
+  if (memory == MemoryKind::kHost) return PageBuffer::Path::kHost;
+  return net.TakesCudaMemory() ? PageBuffer::Path::kGpuDirect : PageBuffer::Path::kGpuStaged;
+}
+
+void PrintHeader(const char* role, const std::vector<Network>& lanes, PageBuffer::Path path) {
+  std::string domains;
+  for (const auto& lane : lanes) domains += std::string(domains.empty() ? "" : ",") + lane.info->domain_attr->name;
+  std::printf("%s %s: provider %s, %zu lanes (%s), pages in %s\n", kProgram, role,
+              lanes[0].info->fabric_attr->prov_name, lanes.size(), domains.c_str(), PathName(path));
+  std::fflush(stdout);
+}
+
+// What the server keeps for each connected client.
+struct Client {
+  std::vector<fi_addr_t> addresses;         // per lane, in that lane's AV
+  std::vector<wire::RemoteRegion> regions;  // per lane: the same memory, a key per domain
+};
+
+struct Received {
+  std::vector<uint8_t> bytes;
+  fi_addr_t source;
+};
+
+// One TRANSFER being served: its source pages, registered, and how far its WRITEs got.
+struct Request {
+  fi_addr_t client = FI_ADDR_UNSPEC;  // the client's lane-0 address: its name
+  Client dest;
+  wire::Transfer transfer;
+  PageBuffer source;
+  std::vector<MrPtr> mrs;  // the source registered on every lane's domain
+  uint64_t total = 0;  // pages x repeat
+  uint64_t posted = 0;
+  uint64_t completed = 0;
+};
+
+// Fills the request's source pages from its seed and registers them.
+std::unique_ptr<Request> PrepareRequest(std::vector<Network>& lanes, PageBuffer::Path path,
+                                        const Client& client, fi_addr_t name,
+                                        wire::Transfer transfer) {
+  const size_t count = transfer.pages.size(), page_size = transfer.page_size;
+  const uint64_t total = count * transfer.repeat;
+  auto r = std::make_unique<Request>(Request{name, client, std::move(transfer),
+                                             PageBuffer(count * page_size, path), {}, total, 0, 0});
+  HostBuffer page(page_size);
+  for (size_t i = 0; i < count; ++i) {
+    FillPage({page.data(), page_size}, r->transfer.seed, r->transfer.pages[i]);
+    r->source.Write(i * page_size, {page.data(), page_size});
+  }
+  r->source.SyncToNic();
+  for (size_t l = 0; l < r->dest.addresses.size(); ++l)
+    r->mrs.push_back(lanes[l].RegisterMemory(r->source.nic_data(), r->source.size(), FI_WRITE,
+                                             path == PageBuffer::Path::kGpuDirect ? &r->source.gpu() : nullptr));
+  return r;
+}
+
+// Posts one prepared WRITE. If the provider's queue is full, or older WRITEs are already
+// waiting, it joins the pending queue: order is kept and nothing spins.
+void PostOrQueue(Network& net, Op* op, std::deque<Op*>& pending) {
+  const Request& r = *op->request;
+  if (!pending.empty() || !net.PostWrite(*op, r.dest.addresses[op->lane], r.dest.regions[op->lane],
+                                         op->remote_offset, r.transfer.request_id))
+    pending.push_back(op);
+}
+
+// Called after each poll: completions have freed room, so the oldest waiting WRITEs go first.
+void DrainPending(Network& net, std::deque<Op*>& pending) {
+  while (!pending.empty()) {
+    Op* op = pending.front();
+    const Request& r = *op->request;
+    if (!net.PostWrite(*op, r.dest.addresses[op->lane], r.dest.regions[op->lane],
+                       op->remote_offset, r.transfer.request_id))
+      return;
+    pending.pop_front();
+  }
+}
+
+// Prepares WRITEs while the window has free Ops, one request after another in turn so that
+// each makes progress, striping each request's pages over its lanes, and stops feeding a
+// lane as soon as its provider pushes back.
+void PostWrites(std::vector<Network>& lanes, std::list<std::unique_ptr<Request>>& active,
+                std::vector<Op*>& free_writes, std::vector<std::deque<Op*>>& pending) {
+  bool posted_any = true;
+  while (!free_writes.empty() && posted_any) {
+    posted_any = false;
+    for (auto& r : active) {
+      if (free_writes.empty()) return;
+      if (r->posted == r->total) continue;
+      const size_t lane = r->posted % r->dest.addresses.size();
+      if (!pending[lane].empty()) continue;
+      const wire::Transfer& t = r->transfer;
+      const size_t i = r->posted % t.pages.size();
+      Op* op = free_writes.back();
+      free_writes.pop_back();
+      op->kind = OpKind::kWrite;
+      op->buffer = static_cast<uint8_t*>(r->source.nic_data()) + i * t.page_size;
+      op->length = t.page_size;
+      op->desc = fi_mr_desc(r->mrs[lane].get());
+      op->request = r.get();
+      op->remote_offset = t.pages[i] * t.page_size;
+      op->lane = lane;
+      PostOrQueue(lanes[lane], op, pending[lane]);
+      ++r->posted;
+      posted_any = true;
+    }
+  }
+}
+
+int ServerMain(const Options& options) {
+  InstallStopHandlers();
+  const MemoryKind memory = ResolveMemory(options.memory);
+  std::vector<Network> lanes;
+  for (auto& nic : FindNics(options, {}, memory == MemoryKind::kCuda))
+    lanes.push_back(Network::Open(std::move(nic), options.wait));
+  Network& net = lanes[0];  // control messages travel on lane 0
+  const PageBuffer::Path path = ChoosePath(net, memory);
+  PrintHeader("server", lanes, path);
+  PublishAddress(net.Address(), options.address_file);
+
+  Mailbox mail(net, kRecvDepth);
+  std::map<fi_addr_t, Client> clients;
+  std::deque<Received> inbox;
+  std::list<std::unique_ptr<Request>> active;
+  std::vector<Op> write_ops(options.window);
+  std::vector<Op*> free_writes;
+  for (auto& op : write_ops) free_writes.push_back(&op);
+  std::vector<std::deque<Op*>> pending(lanes.size());  // per lane: WRITEs waiting for room
+  uint64_t served = 0;
+  auto on_done = [&](Op* op, const fi_cq_data_entry& done, fi_addr_t source) {
+    if (op == nullptr) return;  // the server receives no remote writes
+    if (op->kind == OpKind::kSend) mail.free_sends.push_back(op);
+    if (op->kind == OpKind::kWrite) {
+      ++op->request->completed;
+      free_writes.push_back(op);
+    }
+    if (op->kind != OpKind::kRecv) return;
+    // Handled later by the main loop, so a message never interrupts a transfer half-way.
+    inbox.push_back({{op->buffer, op->buffer + done.len}, source});
+    net.PostRecv(*op);
+  };
+  auto progress = [&] {
+    size_t done = 0;
+    for (auto& lane : lanes) done += lane.PollCompletion(on_done);
+    return done;
+  };
+  auto refuse = [&](fi_addr_t dest, uint32_t request_id, const std::string& why) {
+    std::printf("client %llu: refused: %s\n", static_cast<unsigned long long>(dest), why.c_str());
+    SendMessage(net, mail, dest, wire::ErrorReply{request_id, why}, progress);
+  };
+
+  while (!StopRequested() && (options.max_clients == 0 || served < options.max_clients)) {
+    const size_t completions = progress();
+    for (auto it = active.begin(); it != active.end();) {
+      const Request& r = **it;
+      if (r.completed < r.total) {
+        ++it;
+        continue;
+      }
+      std::printf("client %llu: request %u: wrote %zu pages of %llu bytes, %llu times\n",
+                  static_cast<unsigned long long>(r.client), r.transfer.request_id,
+                  r.transfer.pages.size(), static_cast<unsigned long long>(r.transfer.page_size),
+                  static_cast<unsigned long long>(r.transfer.repeat));
+      it = active.erase(it);
+    }
+    for (size_t l = 0; l < lanes.size(); ++l) DrainPending(lanes[l], pending[l]);
+    const size_t free_before = free_writes.size();
+    PostWrites(lanes, active, free_writes, pending);
+    if (options.wait == WaitMode::kBlock && completions == 0 && inbox.empty() &&
+        free_writes.size() == free_before)
+      WaitForCompletions(lanes, 100);  // nothing to do until the network answers
+    while (!inbox.empty()) {
+      Received m = std::move(inbox.front());
+      inbox.pop_front();
+      const auto name = static_cast<unsigned long long>(m.source);
+      const bool known = m.source != FI_ADDR_NOTAVAIL && clients.count(m.source);
+      wire::Message message;
+      try {
+        message = wire::Decode(m.bytes);
+      } catch (const wire::ProtocolError& e) {
+        if (known) refuse(m.source, 0, e.what());
+        else std::printf("dropped a message: %s\n", e.what());
+        continue;
+      }
+      if (auto* connect = std::get_if<wire::Connect>(&message)) {
+        // Lane i of the client pairs with lane i of the server; extra lanes go unused.
+        Client client;
+        const size_t used = std::min(lanes.size(), connect->lanes.size());
+        for (size_t l = 0; l < used; ++l) {
+          client.addresses.push_back(lanes[l].AddPeerAddress(connect->lanes[l].address));
+          client.regions.push_back(connect->lanes[l].region);
+        }
+        const fi_addr_t id = client.addresses[0];
+        clients[id] = std::move(client);
+        std::printf("client %llu connected: region of %llu bytes, %zu lanes\n",
+                    static_cast<unsigned long long>(id),
+                    static_cast<unsigned long long>(connect->lanes[0].region.length), used);
+        SendMessage(net, mail, id, wire::Accept{}, progress);
+      } else if (!known) {
+        std::printf("dropped a message from a sender that did not CONNECT\n");
+      } else if (auto* transfer = std::get_if<wire::Transfer>(&message)) {
+        try {
+          for (const auto& region : clients[m.source].regions) wire::ValidateTransfer(*transfer, region);
+        } catch (const wire::ProtocolError& e) {
+          refuse(m.source, transfer->request_id, e.what());
+          continue;
+        }
+        active.push_back(
+            PrepareRequest(lanes, path, clients[m.source], m.source, std::move(*transfer)));
+      } else if (std::holds_alternative<wire::Bye>(message)) {
+        std::printf("client %llu done\n", name);
+        Client& client = clients[m.source];
+        // shm (libfabric 1.17) crashes the next client if we remove the entry of a lane that
+        // only ever received our WRITEs: there, keep those (one AV slot per client and lane).
+        const bool shm = std::string(net.info->fabric_attr->prov_name) == "shm";
+        for (size_t l = 0; l < client.addresses.size(); ++l)
+          if (l == 0 || !shm) fi_av_remove(lanes[l].av.get(), &client.addresses[l], 1, 0);
+        clients.erase(m.source);
+        ++served;
+      } else {
+        refuse(m.source, 0, "unexpected message type");
+      }
+      std::fflush(stdout);
+    }
+  }
+  std::printf("served %llu clients\n", static_cast<unsigned long long>(served));
+  return kExitOk;
+}
+
+// Checks every requested page against the seed's data; throws naming the first bad byte.
+uint64_t VerifyPages(std::span<const uint8_t> region, const wire::Transfer& request) {
+  for (size_t i = 0; i < request.pages.size(); ++i) {
+    const uint64_t at = request.pages[i] * request.page_size;
+    size_t bad = VerifyPage(region.subspan(at, request.page_size), request.seed, request.pages[i]);
+    if (bad != kPageOk)
+      throw Error("verification failed: page " + std::to_string(i) + " (region page " +
+                  std::to_string(request.pages[i]) + ") differs at byte offset " +
+                  std::to_string(bad));
+  }
+  return request.pages.size() * request.page_size;
+}
+
+void CheckRequestSize(const Options& options) {
+  if (options.page_size == 0 || options.page_size > wire::kMaxPageBytes)
+    throw UsageError("invalid --page-size " + std::to_string(options.page_size) + " (1 to " +
+                     std::to_string(wire::kMaxPageBytes) + ")");
+  if (options.pages == 0 || options.pages > wire::kMaxPagesPerRequest)
+    throw UsageError("invalid --pages " + std::to_string(options.pages) + " (1 to " +
+                     std::to_string(wire::kMaxPagesPerRequest) + " per request)");
+  if (options.pages * options.page_size > wire::kMaxRequestBytes)
+    throw UsageError("--pages x --page-size is " + std::to_string(options.pages * options.page_size) +
+                     " bytes, over the " + std::to_string(wire::kMaxRequestBytes) +
+                     " a request may hold");
+  if (options.repeat == 0 || options.repeat > wire::kMaxRepeat)
+    throw UsageError("invalid --repeat " + std::to_string(options.repeat));
+  if (options.requests == 0 || options.requests > kMaxRequestsInFlight)
+    throw UsageError("invalid --requests " + std::to_string(options.requests) + " (1 to " +
+                     std::to_string(kMaxRequestsInFlight) + ")");
+  if (options.window == 0) throw UsageError("invalid --window 0");
+}
+
+int ClientMain(const Options& options) {
+  const std::vector<uint8_t> peer = FromHex(options.peer);
+  CheckRequestSize(options);
+  const MemoryKind memory = ResolveMemory(options.memory);
+  std::vector<Network> lanes;
+  for (auto& nic : FindNics(options, peer, memory == MemoryKind::kCuda))
+    lanes.push_back(Network::Open(std::move(nic), options.wait));
+  Network& net = lanes[0];  // control messages travel on lane 0
+  fi_addr_t server = net.AddPeerAddress(peer);
+  const PageBuffer::Path path = ChoosePath(net, memory);
+  PrintHeader("client", lanes, path);
+
+  // The region has room for twice the pages asked for, so the chosen pages are scattered;
+  // each request gets its own share of them.
+  const uint64_t total_pages = options.pages * options.requests;
+  const uint64_t region_pages = 2 * total_pages;
+  PageBuffer region(region_pages * options.page_size, path);
+  // One region, registered on every lane's domain: each gives it its own key.
+  std::vector<MrPtr> region_mrs;
+  for (auto& lane : lanes)
+    region_mrs.push_back(lane.RegisterMemory(region.nic_data(), region.size(), FI_REMOTE_WRITE,
+                                             path == PageBuffer::Path::kGpuDirect ? &region.gpu() : nullptr));
+  Mailbox mail(net, options.requests + 2);
+
+  const std::vector<uint32_t> all_pages = SamplePages(options.seed, total_pages, region_pages);
+  std::vector<wire::Transfer> requests(options.requests);
+  for (size_t r = 0; r < requests.size(); ++r) {
+    requests[r].request_id = static_cast<uint32_t>(r + 1);
+    requests[r].seed = options.seed;
+    requests[r].page_size = options.page_size;
+    requests[r].repeat = options.repeat;
+    requests[r].pages.assign(all_pages.begin() + r * options.pages,
+                             all_pages.begin() + (r + 1) * options.pages);
+  }
+  if (options.test_bad_page) requests.back().pages.back() = static_cast<uint32_t>(region_pages);
+
+  uint64_t expected = total_pages * options.repeat;  // less what the server refuses
+  std::vector<uint64_t> arrived(requests.size() + 1);  // per request id
+  uint64_t arrived_total = 0;
+  size_t sends_done = 0;
+  std::string refused;
+  bool accepted = false;
+  const auto idle_limit = std::chrono::duration<double>(options.timeout_s);
+  auto last_progress = Clock::now();
+  auto on_done = [&](Op* op, const fi_cq_data_entry& done, fi_addr_t) {
+    if (op == nullptr) {  // a remote WRITE landed in our region
+      if (done.data == 0 || done.data > requests.size())
+        throw Error("a WRITE arrived for unknown request " + std::to_string(done.data));
+      ++arrived[done.data];  // never assume the last WRITE lands last: count them
+      ++arrived_total;
+    } else if (op->kind == OpKind::kSend) {
+      mail.free_sends.push_back(op);
+      ++sends_done;
+    } else if (op->kind == OpKind::kRecv) {
+      wire::Message message = wire::Decode({op->buffer, done.len});
+      net.PostRecv(*op);
+      if (std::holds_alternative<wire::Accept>(message)) {
+        accepted = true;
+        return;
+      }
+      auto* error = std::get_if<wire::ErrorReply>(&message);
+      if (error == nullptr) throw Error("unexpected message from the server");
+      if (refused.empty())
+        refused = "request " + std::to_string(error->request_id) + ": " + error->text;
+      // The other requests are still being written: wait for them before saying BYE.
+      if (error->request_id >= 1 && error->request_id <= requests.size())
+        expected -= requests[error->request_id - 1].pages.size() * options.repeat;
+    }
+  };
+  auto progress = [&] {
+    size_t done = 0;
+    for (auto& lane : lanes) done += lane.PollCompletion(on_done);  // WRITEs land on every lane
+    if (done > 0) last_progress = Clock::now();
+    else if (options.wait == WaitMode::kBlock) WaitForCompletions(lanes, 100);
+    if (Clock::now() - last_progress > idle_limit)
+      throw Error("no answer from the server within " + std::to_string(options.timeout_s) +
+                  " s (is it running at that address?)");
+  };
+
+  wire::Connect connect;
+  for (size_t l = 0; l < lanes.size(); ++l)
+    connect.lanes.push_back({lanes[l].Address(),
+                             lanes[l].Advertise(region_mrs[l].get(), region.nic_data(), region.size())});
+  SendMessage(net, mail, server, connect, progress);
+  while (!accepted && refused.empty()) progress();  // our address is in the server's AV now
+  const auto start = Clock::now();
+  for (const auto& request : requests) SendMessage(net, mail, server, request, progress);
+  while (arrived_total < expected) progress();
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  SendMessage(net, mail, server, wire::Bye{}, progress);
+  while (sends_done < requests.size() + 2) progress();
+  if (!refused.empty()) throw Error("the server refused " + refused);
+  for (size_t r = 1; r < arrived.size() && refused.empty(); ++r) {
+    if (arrived[r] != requests[r - 1].pages.size() * options.repeat)
+      throw Error("request " + std::to_string(r) + " received " + std::to_string(arrived[r]) +
+                  " WRITEs");
+  }
+
+  region.SyncFromNic();
+  std::span<uint8_t> view = region.HostView();
+  if (options.test_corrupt) view[requests[0].pages[0] * options.page_size + 1] ^= 0x5a;
+  uint64_t verified = 0;
+  for (const auto& request : requests) verified += VerifyPages(view, request);
+
+  Summary summary;
+  summary.bytes = arrived_total * options.page_size;
+  summary.writes = arrived_total;
+  summary.seconds = seconds;
+  for (const auto& lane : lanes)  // --link-gbps is the rate of one NIC
+    summary.link_gbps += options.link_gbps > 0 ? options.link_gbps : LinkGbps(*lane.info);
+  summary.verified_bytes = verified;
+  summary.lanes = static_cast<int>(lanes.size());
+  PrintSummary(summary, options.json);
+  return kExitOk;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options options;
+  CLI::App app{"Lesson 06: several NICs from the topology, pages striped over them. Without an "
+               "address: serve on --nics lanes. With the server's address: send --requests "
+               "requests of --pages random pages each over every lane, verify.",
+               kProgram};
+  AddOptions(app, options, kServeOptions | kTransferOptions | kWindowOptions | kLaneOptions);
+  if (int rc = ParseCommandLine(app, argc, argv); rc >= 0) return rc;
+  return RunProgram(kProgram, [&] {
+    return options.peer.empty() ? ServerMain(options) : ClientMain(options);
+  });
+}

@@ -1,0 +1,131 @@
+// The cluster suite: real multi-NIC traffic between two network namespaces joined by shaped
+// veth pairs (scripts/minicluster). Needs root and iproute2: without them the whole suite
+// exits 77 with the reason, which Meson reports as skipped.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+
+#include "process.hpp"
+
+using namespace testing_support;
+using namespace std::chrono_literals;
+
+namespace {
+
+constexpr int kNics = 4;
+
+std::string Script() { return std::string(std::getenv("E2E_SOURCE_DIR")) + "/scripts/minicluster"; }
+
+// A mini-cluster of this test process's own (its own namespace names), always taken down,
+// also when a test fails half-way.
+class MiniCluster {
+ public:
+  MiniCluster(int nics, int rate_mbit) {
+    setenv("MINICLUSTER_NAME", name_.c_str(), 1);
+    Result up = RunToEnd({"/bin/bash", Script(), "up", std::to_string(nics), std::to_string(rate_mbit)}, 60s);
+    ok_ = up.exit_code == 0;
+    log_ = up.out + up.err;
+  }
+  ~MiniCluster() { RunToEnd({"/bin/bash", Script(), "down"}, 60s); }
+  bool ok() const { return ok_; }
+  const std::string& log() const { return log_; }
+  const std::string& name() const { return name_; }
+  std::vector<std::string> On(const char* host, std::vector<std::string> argv) const {
+    argv.insert(argv.begin(), {"/bin/bash", Script(), "exec", host});
+    return argv;
+  }
+  long long TxBytes(const char* host, const std::string& nic) const {
+    Result r = RunToEnd(On(host, {"/bin/cat", "/sys/class/net/" + nic + "/statistics/tx_bytes"}), 10s);
+    return r.exit_code == 0 ? std::stoll(r.out) : -1;
+  }
+
+ private:
+  std::string name_ = "jt" + std::to_string(getpid());
+  bool ok_ = false;
+  std::string log_;
+};
+
+// Serves one client in host A and runs it in host B; returns the client's result.
+Result Transfer(const MiniCluster& mc, const std::string& stage, std::vector<std::string> server_args,
+                std::vector<std::string> client_args, Result* server_result) {
+  TempDir dir;
+  const std::string address_file = dir.path() + "/addr";
+  std::vector<std::string> server = {StageBinary(stage), "-p", "tcp", "--memory", "host",
+                                     "--address-file", address_file, "--max-clients", "1"};
+  server.insert(server.end(), server_args.begin(), server_args.end());
+  Process p(mc.On("A", server));
+  const std::string address = WaitForLine(address_file, 20s);
+  if (address.empty()) {
+    *server_result = p.Wait(1s);
+    return Result{};
+  }
+  std::vector<std::string> client = {StageBinary(stage), "-p", "tcp", address, "--memory", "host"};
+  client.insert(client.end(), client_args.begin(), client_args.end());
+  Result r = RunToEnd(mc.On("B", client), 120s);
+  *server_result = p.Wait(30s);
+  return r;
+}
+
+TEST(Cluster, QueuingOnOneNicThenMultiNicOnFour) {
+  MiniCluster mc(kNics, 1000);
+  ASSERT_TRUE(mc.ok()) << mc.log();
+  const std::string a = mc.name() + "a", b = mc.name() + "b";
+
+  Result server;
+  Result one = Transfer(mc, "05_queuing", {"--domain", a + "0"},
+                        {"--domain", b + "0", "-S", "64k", "--pages", "256", "--requests", "2",
+                         "--link-gbps", "1", "--json"},
+                        &server);
+  ASSERT_EQ(one.exit_code, 0) << one.out << one.err << server.out << server.err;
+  EXPECT_EQ(server.exit_code, 0) << server.err;
+  EXPECT_EQ(NumberAfter(one.out, "\"verified_bytes\":"), 256LL * 65536 * 2);
+
+  long long before[kNics];
+  for (int i = 0; i < kNics; ++i) before[i] = mc.TxBytes("A", a + std::to_string(i));
+  Result four = Transfer(mc, "06_multi_nic", {"--nics", "4"},
+                         {"--nics", "4", "-S", "64k", "--pages", "512", "--requests", "2",
+                          "--repeat", "2", "--link-gbps", "1", "--json"},
+                         &server);
+  ASSERT_EQ(four.exit_code, 0) << four.out << four.err << server.out << server.err;
+  EXPECT_EQ(server.exit_code, 0) << server.err;
+  EXPECT_EQ(NumberAfter(four.out, "\"verified_bytes\":"), 512LL * 65536 * 2);
+  EXPECT_EQ(NumberAfter(four.out, "\"lanes\":"), 4);
+  // Every NIC carried its share: a quarter of 128 MiB each, give or take headers.
+  const long long share = 512LL * 65536 * 2 * 2 / kNics;
+  for (int i = 0; i < kNics; ++i) {
+    const long long sent = mc.TxBytes("A", a + std::to_string(i)) - before[i];
+    EXPECT_GT(sent, share * 9 / 10) << "NIC " << i;
+    EXPECT_LT(sent, share * 12 / 10) << "NIC " << i;
+  }
+}
+
+TEST(Cluster, NoNamespaceLeftBehind) {
+  std::string name;
+  {
+    MiniCluster mc(2, 100);
+    ASSERT_TRUE(mc.ok()) << mc.log();
+    name = mc.name();
+    EXPECT_TRUE(std::filesystem::exists("/run/netns/" + name + "-a"));
+  }
+  EXPECT_FALSE(std::filesystem::exists("/run/netns/" + name + "-a"));
+  EXPECT_FALSE(std::filesystem::exists("/run/netns/" + name + "-b"));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (geteuid() != 0) {
+    std::printf("cluster suite skipped: needs root (network namespaces, veth, tc)\n");
+    return 77;
+  }
+  if (RunToEnd({"/bin/sh", "-c", "command -v ip && command -v tc"}, 10s).exit_code != 0) {
+    std::printf("cluster suite skipped: needs iproute2 (ip, tc)\n");
+    return 77;
+  }
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}
