@@ -158,6 +158,15 @@ std::vector<FiInfoPtr> FindNics(const Options& options, std::span<const uint8_t>
   return chosen;
 }
 
+// Measured on the mini-cluster (README.md): over tcp, sleeping in the CQ's wait fd leaves
+// the CPUs to the kernel's TCP stack, which carries the data, and wins; shm has no wait fd,
+// and RDMA NICs are polled.
+WaitMode ChooseWaitMode(WaitMode requested, const fi_info& nic) {
+  if (requested != WaitMode::kAuto) return requested;
+  const std::string provider = nic.fabric_attr->prov_name;
+  return provider.rfind("tcp", 0) == 0 ? WaitMode::kBlock : WaitMode::kSpin;
+}
+
 Network Network::Open(FiInfoPtr nic, WaitMode wait) {
   Network net;
   net.info = std::move(nic);
@@ -363,8 +372,10 @@ PageBuffer::Path ChoosePath(Network& net, MemoryKind memory) {
 void PrintHeader(const char* role, const std::vector<Network>& lanes, PageBuffer::Path path) {
   std::string domains;
   for (const auto& lane : lanes) domains += std::string(domains.empty() ? "" : ",") + lane.info->domain_attr->name;
-  std::printf("%s %s: provider %s, %zu lanes (%s), pages in %s\n", kProgram, role,
-              lanes[0].info->fabric_attr->prov_name, lanes.size(), domains.c_str(), PathName(path));
+  std::printf("%s %s: provider %s, %zu lane%s (%s), %s, pages in %s\n", kProgram, role,
+              lanes[0].info->fabric_attr->prov_name, lanes.size(), lanes.size() == 1 ? "" : "s",
+              domains.c_str(),
+              lanes[0].wait_fd >= 0 ? "blocking waits" : "spinning", PathName(path));
   std::fflush(stdout);
 }
 
@@ -467,8 +478,11 @@ int ServerMain(const Options& options) {
   InstallStopHandlers();
   const MemoryKind memory = ResolveMemory(options.memory);
   std::vector<Network> lanes;
-  for (auto& nic : FindNics(options, {}, memory == MemoryKind::kCuda))
-    lanes.push_back(Network::Open(std::move(nic), options.wait));
+  WaitMode wait = options.wait;
+  for (auto& nic : FindNics(options, {}, memory == MemoryKind::kCuda)) {
+    wait = ChooseWaitMode(options.wait, *nic);
+    lanes.push_back(Network::Open(std::move(nic), wait));
+  }
   Network& net = lanes[0];  // control messages travel on lane 0
   const PageBuffer::Path path = ChoosePath(net, memory);
   PrintHeader("server", lanes, path);
@@ -522,7 +536,7 @@ int ServerMain(const Options& options) {
     for (size_t l = 0; l < lanes.size(); ++l) DrainPending(lanes[l], pending[l]);
     const size_t free_before = free_writes.size();
     PostWrites(lanes, active, free_writes, pending);
-    if (options.wait == WaitMode::kBlock && completions == 0 && inbox.empty() &&
+    if (wait == WaitMode::kBlock && completions == 0 && inbox.empty() &&
         free_writes.size() == free_before)
       WaitForCompletions(lanes, 100);  // nothing to do until the network answers
     while (!inbox.empty()) {
@@ -620,8 +634,11 @@ int ClientMain(const Options& options) {
   CheckRequestSize(options);
   const MemoryKind memory = ResolveMemory(options.memory);
   std::vector<Network> lanes;
-  for (auto& nic : FindNics(options, peer, memory == MemoryKind::kCuda))
-    lanes.push_back(Network::Open(std::move(nic), options.wait));
+  WaitMode wait = options.wait;
+  for (auto& nic : FindNics(options, peer, memory == MemoryKind::kCuda)) {
+    wait = ChooseWaitMode(options.wait, *nic);
+    lanes.push_back(Network::Open(std::move(nic), wait));
+  }
   Network& net = lanes[0];  // control messages travel on lane 0
   fi_addr_t server = net.AddPeerAddress(peer);
   const PageBuffer::Path path = ChoosePath(net, memory);
@@ -654,6 +671,9 @@ int ClientMain(const Options& options) {
   uint64_t expected = total_pages * options.repeat;  // less what the server refuses
   std::vector<uint64_t> arrived(requests.size() + 1);  // per request id
   uint64_t arrived_total = 0;
+  // The clock runs from the first WRITE's arrival to the last: it times the network, not the
+  // server filling its source pages before it starts.
+  Clock::time_point first_arrival, last_arrival;
   size_t sends_done = 0;
   std::string refused;
   bool accepted = false;
@@ -664,7 +684,8 @@ int ClientMain(const Options& options) {
       if (done.data == 0 || done.data > requests.size())
         throw Error("a WRITE arrived for unknown request " + std::to_string(done.data));
       ++arrived[done.data];  // never assume the last WRITE lands last: count them
-      ++arrived_total;
+      if (arrived_total++ == 0) first_arrival = Clock::now();
+      last_arrival = Clock::now();
     } else if (op->kind == OpKind::kSend) {
       mail.free_sends.push_back(op);
       ++sends_done;
@@ -688,7 +709,7 @@ int ClientMain(const Options& options) {
     size_t done = 0;
     for (auto& lane : lanes) done += lane.PollCompletion(on_done);  // WRITEs land on every lane
     if (done > 0) last_progress = Clock::now();
-    else if (options.wait == WaitMode::kBlock) WaitForCompletions(lanes, 100);
+    else if (wait == WaitMode::kBlock) WaitForCompletions(lanes, 100);
     if (Clock::now() - last_progress > idle_limit)
       throw Error("no answer from the server within " + std::to_string(options.timeout_s) +
                   " s (is it running at that address?)");
@@ -700,10 +721,9 @@ int ClientMain(const Options& options) {
                              lanes[l].Advertise(region_mrs[l].get(), region.nic_data(), region.size())});
   SendMessage(net, mail, server, connect, progress);
   while (!accepted && refused.empty()) progress();  // our address is in the server's AV now
-  const auto start = Clock::now();
   for (const auto& request : requests) SendMessage(net, mail, server, request, progress);
   while (arrived_total < expected) progress();
-  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  const double seconds = std::chrono::duration<double>(last_arrival - first_arrival).count();
   SendMessage(net, mail, server, wire::Bye{}, progress);
   while (sends_done < requests.size() + 2) progress();
   if (!refused.empty()) throw Error("the server refused " + refused);
@@ -720,8 +740,8 @@ int ClientMain(const Options& options) {
   for (const auto& request : requests) verified += VerifyPages(view, request);
 
   Summary summary;
-  summary.bytes = arrived_total * options.page_size;
-  summary.writes = arrived_total;
+  summary.bytes = (arrived_total - 1) * options.page_size;  // what arrived after the clock started
+  summary.writes = arrived_total - 1;
   summary.seconds = seconds;
   for (const auto& lane : lanes)  // --link-gbps is the rate of one NIC
     summary.link_gbps += options.link_gbps > 0 ? options.link_gbps : LinkGbps(*lane.info);

@@ -133,7 +133,8 @@ void AddOptions(CLI::App& app, Options& o, unsigned groups) {
              else if (m == "block") o.wait = WaitMode::kBlock;
              else throw UsageError("invalid --wait '" + m + "' (use spin or block)");
            },
-           "Completion wait: spin (busy poll) or block (the provider's wait object)")
+           "Completion wait: spin (busy poll) or block (sleep in the CQs' wait fds); default: "
+           "block over tcp, whose kernel stack needs the CPUs, spin elsewhere")
         ->type_name("spin|block");
   }
 }

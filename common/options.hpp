@@ -10,7 +10,7 @@
 namespace common {
 
 enum class MemoryKind { kAuto, kHost, kCuda };
-enum class WaitMode { kSpin, kBlock };
+enum class WaitMode { kAuto, kSpin, kBlock };
 
 struct Options {
   // Connection: no peer address means "serve".
@@ -35,7 +35,7 @@ struct Options {
   uint64_t warmup = 0;
   // Lanes (06 onward)
   uint64_t nics = 0;         // 0: every NIC of the group
-  WaitMode wait = WaitMode::kSpin;
+  WaitMode wait = WaitMode::kAuto;
   // Test-only switches, to prove that errors are caught.
   bool test_bad_page = false;
   bool test_corrupt = false;
