@@ -51,7 +51,9 @@ struct Op {
   void* desc = nullptr;  // local descriptor of the registered buffer (FI_MR_LOCAL)
 };
 
-Op* OpOf(void* context) { return reinterpret_cast<Op*>(context); }
+Op* OpOf(void* context) {
+  return reinterpret_cast<Op*>(context);
+}
 
 class Network {
  public:
@@ -235,12 +237,12 @@ int ClientMain(const Options& options) {
 
 int main(int argc, char** argv) {
   Options options;
-  CLI::App app{"Lesson 01: one-way SEND over libfabric. Without an address: serve and print "
-               "every message. With the server's address: send TEXT to it.",
-               kProgram};
+  CLI::App app{
+      "Lesson 01: one-way SEND over libfabric. Without an address: serve and print "
+      "every message. With the server's address: send TEXT to it.",
+      kProgram};
   AddOptions(app, options, kServeOptions | kTextOptions);
   if (int rc = ParseCommandLine(app, argc, argv); rc >= 0) return rc;
-  return RunProgram(kProgram, [&] {
-    return options.peer.empty() ? ServerMain(options) : ClientMain(options);
-  });
+  return RunProgram(
+      kProgram, [&] { return options.peer.empty() ? ServerMain(options) : ClientMain(options); });
 }

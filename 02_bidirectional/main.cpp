@@ -60,7 +60,9 @@ struct Op {
   void* desc = nullptr;  // local descriptor of the registered buffer (FI_MR_LOCAL)
 };
 
-Op* OpOf(void* context) { return reinterpret_cast<Op*>(context); }
+Op* OpOf(void* context) {
+  return reinterpret_cast<Op*>(context);
+}
 
 class Network {
  public:
@@ -253,8 +255,7 @@ int ServerMain(const Options& options) {
     std::fflush(stdout);
     net.PostRecv(op);  // hand the buffer back before the next message needs it
   };
-  while (!StopRequested() && (options.max_clients == 0 || served < options.max_clients))
-    progress();
+  while (!StopRequested() && (options.max_clients == 0 || served < options.max_clients)) progress();
   std::printf("served %llu clients\n", static_cast<unsigned long long>(served));
   return kExitOk;
 }
@@ -263,7 +264,8 @@ int ClientMain(const Options& options) {
   const std::vector<uint8_t> peer = FromHex(options.peer);
   if (options.text.size() + sizeof(MessageHeader) > kMessageBytes)
     throw UsageError("message of " + std::to_string(options.text.size()) +
-                     " bytes is longer than " + std::to_string(kMessageBytes - sizeof(MessageHeader)));
+                     " bytes is longer than " +
+                     std::to_string(kMessageBytes - sizeof(MessageHeader)));
   Network net = Network::Open(options, peer);
   fi_addr_t server = net.AddPeerAddress(peer);
 
@@ -324,13 +326,13 @@ int ClientMain(const Options& options) {
 
 int main(int argc, char** argv) {
   Options options;
-  CLI::App app{"Lesson 02: request and response. Without an address: serve, answering every "
-               "message with its text reversed. With the server's address: send TEXT, print "
-               "the answer.",
-               kProgram};
+  CLI::App app{
+      "Lesson 02: request and response. Without an address: serve, answering every "
+      "message with its text reversed. With the server's address: send TEXT, print "
+      "the answer.",
+      kProgram};
   AddOptions(app, options, kServeOptions | kTextOptions);
   if (int rc = ParseCommandLine(app, argc, argv); rc >= 0) return rc;
-  return RunProgram(kProgram, [&] {
-    return options.peer.empty() ? ServerMain(options) : ClientMain(options);
-  });
+  return RunProgram(
+      kProgram, [&] { return options.peer.empty() ? ServerMain(options) : ClientMain(options); });
 }

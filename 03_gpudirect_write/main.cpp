@@ -42,8 +42,8 @@ namespace {
 
 constexpr const char* kProgram = "03_gpudirect_write";
 constexpr size_t kMessageBytes = wire::kMaxMessageBytes;  // every message buffer has this size
-constexpr size_t kRecvDepth = 8;        // receives each side keeps posted
-constexpr size_t kCqBatch = 16;         // completions read per fi_cq_read
+constexpr size_t kRecvDepth = 8;                          // receives each side keeps posted
+constexpr size_t kCqBatch = 16;                           // completions read per fi_cq_read
 
 using Clock = std::chrono::steady_clock;
 
@@ -59,7 +59,9 @@ struct Op {
   void* desc = nullptr;  // local descriptor of the registered buffer (FI_MR_LOCAL)
 };
 
-Op* OpOf(void* context) { return reinterpret_cast<Op*>(context); }
+Op* OpOf(void* context) {
+  return reinterpret_cast<Op*>(context);
+}
 
 class Network {
  public:
@@ -89,7 +91,7 @@ class Network {
 
 Network Network::Open(const Options& options, std::span<const uint8_t> peer, bool gpu_memory) {
   FiInfoPtr hints(fi_allocinfo());
-  hints->ep_attr->type = FI_EP_RDM;  // reliable, unconnected: one endpoint talks to many
+  hints->ep_attr->type = FI_EP_RDM;           // reliable, unconnected: one endpoint talks to many
   hints->caps = FI_MSG | FI_SOURCE | FI_RMA;  // FI_SOURCE: completions name the sender
   if (gpu_memory) hints->caps |= FI_HMEM;     // ask for providers that can take GPU memory
   hints->mode = FI_CONTEXT | FI_CONTEXT2;
@@ -216,8 +218,8 @@ bool Network::PostSend(Op& op, fi_addr_t dest) {
 }
 
 // One RDMA WRITE of op's buffer to `offset` in the peer's region, carrying `immediate`.
-bool Network::PostWrite(Op& op, fi_addr_t dest, const wire::RemoteRegion& region,
-                        uint64_t offset, uint32_t immediate) {
+bool Network::PostWrite(Op& op, fi_addr_t dest, const wire::RemoteRegion& region, uint64_t offset,
+                        uint32_t immediate) {
   op.kind = OpKind::kWrite;
   ssize_t rc = fi_writedata(ep.get(), op.buffer, op.length, op.desc, immediate, dest,
                             region.address + offset, region.key, &op.context);
@@ -370,8 +372,10 @@ int ServerMain(const Options& options) {
       try {
         message = wire::Decode(m.bytes);
       } catch (const wire::ProtocolError& e) {
-        if (known) refuse(m.source, 0, e.what());
-        else std::printf("dropped a message: %s\n", e.what());
+        if (known)
+          refuse(m.source, 0, e.what());
+        else
+          std::printf("dropped a message: %s\n", e.what());
         continue;
       }
       if (auto* connect = std::get_if<wire::Connect>(&message)) {
@@ -431,9 +435,9 @@ void CheckRequestSize(const Options& options) {
     throw UsageError("invalid --pages " + std::to_string(options.pages) + " (1 to " +
                      std::to_string(wire::kMaxPagesPerRequest) + " per request)");
   if (options.pages * options.page_size > wire::kMaxRequestBytes)
-    throw UsageError("--pages x --page-size is " + std::to_string(options.pages * options.page_size) +
-                     " bytes, over the " + std::to_string(wire::kMaxRequestBytes) +
-                     " a request may hold");
+    throw UsageError("--pages x --page-size is " +
+                     std::to_string(options.pages * options.page_size) + " bytes, over the " +
+                     std::to_string(wire::kMaxRequestBytes) + " a request may hold");
   if (options.repeat == 0 || options.repeat > wire::kMaxRepeat)
     throw UsageError("invalid --repeat " + std::to_string(options.repeat));
 }
@@ -450,8 +454,9 @@ int ClientMain(const Options& options) {
   // The region has room for twice the pages asked for, so the chosen pages are scattered.
   const uint64_t region_pages = 2 * options.pages;
   PageBuffer region(region_pages * options.page_size, path);
-  MrPtr region_mr = net.RegisterMemory(region.nic_data(), region.size(), FI_REMOTE_WRITE,
-                                       path == PageBuffer::Path::kGpuDirect ? &region.gpu() : nullptr);
+  MrPtr region_mr =
+      net.RegisterMemory(region.nic_data(), region.size(), FI_REMOTE_WRITE,
+                         path == PageBuffer::Path::kGpuDirect ? &region.gpu() : nullptr);
   Mailbox mail(net, 3);
 
   wire::Transfer request;
@@ -497,7 +502,8 @@ int ClientMain(const Options& options) {
   };
 
   wire::Connect connect;
-  connect.lanes.push_back({net.Address(), net.Advertise(region_mr.get(), region.nic_data(), region.size())});
+  connect.lanes.push_back(
+      {net.Address(), net.Advertise(region_mr.get(), region.nic_data(), region.size())});
   SendMessage(net, mail, server, connect, progress);
   while (!accepted && refused.empty()) progress();  // our address is in the server's AV now
   const auto start = Clock::now();
@@ -523,13 +529,13 @@ int ClientMain(const Options& options) {
 
 int main(int argc, char** argv) {
   Options options;
-  CLI::App app{"Lesson 03: one-sided RDMA WRITE of scattered pages into remote (GPU) memory. "
-               "Without an address: serve, writing the pages each client asks for. With the "
-               "server's address: ask for --pages random pages of --page-size bytes, verify them.",
-               kProgram};
+  CLI::App app{
+      "Lesson 03: one-sided RDMA WRITE of scattered pages into remote (GPU) memory. "
+      "Without an address: serve, writing the pages each client asks for. With the "
+      "server's address: ask for --pages random pages of --page-size bytes, verify them.",
+      kProgram};
   AddOptions(app, options, kServeOptions | kTransferOptions);
   if (int rc = ParseCommandLine(app, argc, argv); rc >= 0) return rc;
-  return RunProgram(kProgram, [&] {
-    return options.peer.empty() ? ServerMain(options) : ClientMain(options);
-  });
+  return RunProgram(
+      kProgram, [&] { return options.peer.empty() ? ServerMain(options) : ClientMain(options); });
 }

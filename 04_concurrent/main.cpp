@@ -20,8 +20,8 @@
 #include <deque>
 #include <functional>
 #include <list>
-#include <memory>
 #include <map>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -34,9 +34,9 @@
 #include "page_buffer.hpp"
 #include "page_data.hpp"
 #include "program.hpp"
-#include "report.hpp"
 #include "protocol.hpp"
 #include "provider.hpp"
+#include "report.hpp"
 
 using namespace common;
 
@@ -44,8 +44,8 @@ namespace {
 
 constexpr const char* kProgram = "04_concurrent";
 constexpr size_t kMessageBytes = wire::kMaxMessageBytes;  // every message buffer has this size
-constexpr size_t kRecvDepth = 8;        // receives each side keeps posted
-constexpr size_t kCqBatch = 16;         // completions read per fi_cq_read
+constexpr size_t kRecvDepth = 8;                          // receives each side keeps posted
+constexpr size_t kCqBatch = 16;                           // completions read per fi_cq_read
 constexpr uint64_t kMaxRequestsInFlight = 64;
 
 using Clock = std::chrono::steady_clock;
@@ -60,11 +60,13 @@ struct Op {
   OpKind kind = OpKind::kRecv;
   uint8_t* buffer = nullptr;
   size_t length = 0;
-  void* desc = nullptr;  // local descriptor of the registered buffer (FI_MR_LOCAL)
+  void* desc = nullptr;        // local descriptor of the registered buffer (FI_MR_LOCAL)
   Request* request = nullptr;  // the request a WRITE belongs to
 };
 
-Op* OpOf(void* context) { return reinterpret_cast<Op*>(context); }
+Op* OpOf(void* context) {
+  return reinterpret_cast<Op*>(context);
+}
 
 class Network {
  public:
@@ -94,7 +96,7 @@ class Network {
 
 Network Network::Open(const Options& options, std::span<const uint8_t> peer, bool gpu_memory) {
   FiInfoPtr hints(fi_allocinfo());
-  hints->ep_attr->type = FI_EP_RDM;  // reliable, unconnected: one endpoint talks to many
+  hints->ep_attr->type = FI_EP_RDM;           // reliable, unconnected: one endpoint talks to many
   hints->caps = FI_MSG | FI_SOURCE | FI_RMA;  // FI_SOURCE: completions name the sender
   if (gpu_memory) hints->caps |= FI_HMEM;     // ask for providers that can take GPU memory
   hints->mode = FI_CONTEXT | FI_CONTEXT2;
@@ -221,8 +223,8 @@ bool Network::PostSend(Op& op, fi_addr_t dest) {
 }
 
 // One RDMA WRITE of op's buffer to `offset` in the peer's region, carrying `immediate`.
-bool Network::PostWrite(Op& op, fi_addr_t dest, const wire::RemoteRegion& region,
-                        uint64_t offset, uint32_t immediate) {
+bool Network::PostWrite(Op& op, fi_addr_t dest, const wire::RemoteRegion& region, uint64_t offset,
+                        uint32_t immediate) {
   op.kind = OpKind::kWrite;
   ssize_t rc = fi_writedata(ep.get(), op.buffer, op.length, op.desc, immediate, dest,
                             region.address + offset, region.key, &op.context);
@@ -323,9 +325,9 @@ std::unique_ptr<Request> PrepareRequest(Network& net, PageBuffer::Path path, con
                                         fi_addr_t dest, wire::Transfer transfer) {
   const size_t count = transfer.pages.size(), page_size = transfer.page_size;
   const uint64_t total = count * transfer.repeat;
-  auto r = std::make_unique<Request>(Request{dest, client.region, std::move(transfer),
-                                             PageBuffer(count * page_size, path), nullptr, total,
-                                             0, 0});
+  auto r =
+      std::make_unique<Request>(Request{dest, client.region, std::move(transfer),
+                                        PageBuffer(count * page_size, path), nullptr, total, 0, 0});
   HostBuffer page(page_size);
   for (size_t i = 0; i < count; ++i) {
     FillPage({page.data(), page_size}, r->transfer.seed, r->transfer.pages[i]);
@@ -421,8 +423,10 @@ int ServerMain(const Options& options) {
       try {
         message = wire::Decode(m.bytes);
       } catch (const wire::ProtocolError& e) {
-        if (known) refuse(m.source, 0, e.what());
-        else std::printf("dropped a message: %s\n", e.what());
+        if (known)
+          refuse(m.source, 0, e.what());
+        else
+          std::printf("dropped a message: %s\n", e.what());
         continue;
       }
       if (auto* connect = std::get_if<wire::Connect>(&message)) {
@@ -479,9 +483,9 @@ void CheckRequestSize(const Options& options) {
     throw UsageError("invalid --pages " + std::to_string(options.pages) + " (1 to " +
                      std::to_string(wire::kMaxPagesPerRequest) + " per request)");
   if (options.pages * options.page_size > wire::kMaxRequestBytes)
-    throw UsageError("--pages x --page-size is " + std::to_string(options.pages * options.page_size) +
-                     " bytes, over the " + std::to_string(wire::kMaxRequestBytes) +
-                     " a request may hold");
+    throw UsageError("--pages x --page-size is " +
+                     std::to_string(options.pages * options.page_size) + " bytes, over the " +
+                     std::to_string(wire::kMaxRequestBytes) + " a request may hold");
   if (options.repeat == 0 || options.repeat > wire::kMaxRepeat)
     throw UsageError("invalid --repeat " + std::to_string(options.repeat));
   if (options.requests == 0 || options.requests > kMaxRequestsInFlight)
@@ -504,8 +508,9 @@ int ClientMain(const Options& options) {
   const uint64_t total_pages = options.pages * options.requests;
   const uint64_t region_pages = 2 * total_pages;
   PageBuffer region(region_pages * options.page_size, path);
-  MrPtr region_mr = net.RegisterMemory(region.nic_data(), region.size(), FI_REMOTE_WRITE,
-                                       path == PageBuffer::Path::kGpuDirect ? &region.gpu() : nullptr);
+  MrPtr region_mr =
+      net.RegisterMemory(region.nic_data(), region.size(), FI_REMOTE_WRITE,
+                         path == PageBuffer::Path::kGpuDirect ? &region.gpu() : nullptr);
   Mailbox mail(net, options.requests + 2);
 
   const std::vector<uint32_t> all_pages = SamplePages(options.seed, total_pages, region_pages);
@@ -520,7 +525,7 @@ int ClientMain(const Options& options) {
   }
   if (options.test_bad_page) requests.back().pages.back() = static_cast<uint32_t>(region_pages);
 
-  uint64_t expected = total_pages * options.repeat;  // less what the server refuses
+  uint64_t expected = total_pages * options.repeat;    // less what the server refuses
   std::vector<uint64_t> arrived(requests.size() + 1);  // per request id
   uint64_t arrived_total = 0;
   // The clock runs from the first WRITE's arrival to the last: it times the network, not the
@@ -565,7 +570,8 @@ int ClientMain(const Options& options) {
   };
 
   wire::Connect connect;
-  connect.lanes.push_back({net.Address(), net.Advertise(region_mr.get(), region.nic_data(), region.size())});
+  connect.lanes.push_back(
+      {net.Address(), net.Advertise(region_mr.get(), region.nic_data(), region.size())});
   SendMessage(net, mail, server, connect, progress);
   while (!accepted && refused.empty()) progress();  // our address is in the server's AV now
   for (const auto& request : requests) SendMessage(net, mail, server, request, progress);
@@ -600,13 +606,13 @@ int ClientMain(const Options& options) {
 
 int main(int argc, char** argv) {
   Options options;
-  CLI::App app{"Lesson 04: many WRITEs and many requests in flight, and a throughput summary. "
-               "Without an address: serve, keeping up to --window WRITEs in flight. With the "
-               "server's address: send --requests requests of --pages random pages each, verify.",
-               kProgram};
+  CLI::App app{
+      "Lesson 04: many WRITEs and many requests in flight, and a throughput summary. "
+      "Without an address: serve, keeping up to --window WRITEs in flight. With the "
+      "server's address: send --requests requests of --pages random pages each, verify.",
+      kProgram};
   AddOptions(app, options, kServeOptions | kTransferOptions | kWindowOptions);
   if (int rc = ParseCommandLine(app, argc, argv); rc >= 0) return rc;
-  return RunProgram(kProgram, [&] {
-    return options.peer.empty() ? ServerMain(options) : ClientMain(options);
-  });
+  return RunProgram(
+      kProgram, [&] { return options.peer.empty() ? ServerMain(options) : ClientMain(options); });
 }

@@ -24,8 +24,8 @@
 #include <deque>
 #include <functional>
 #include <list>
-#include <memory>
 #include <map>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -38,9 +38,9 @@
 #include "page_buffer.hpp"
 #include "page_data.hpp"
 #include "program.hpp"
-#include "report.hpp"
 #include "protocol.hpp"
 #include "provider.hpp"
+#include "report.hpp"
 #include "topology.hpp"
 
 using namespace common;
@@ -49,8 +49,8 @@ namespace {
 
 constexpr const char* kProgram = "06_multi_nic";
 constexpr size_t kMessageBytes = wire::kMaxMessageBytes;  // every message buffer has this size
-constexpr size_t kRecvDepth = 8;        // receives each side keeps posted
-constexpr size_t kCqBatch = 16;         // completions read per fi_cq_read
+constexpr size_t kRecvDepth = 8;                          // receives each side keeps posted
+constexpr size_t kCqBatch = 16;                           // completions read per fi_cq_read
 constexpr uint64_t kMaxRequestsInFlight = 64;
 
 using Clock = std::chrono::steady_clock;
@@ -65,13 +65,15 @@ struct Op {
   OpKind kind = OpKind::kRecv;
   uint8_t* buffer = nullptr;
   size_t length = 0;
-  void* desc = nullptr;  // local descriptor of the registered buffer (FI_MR_LOCAL)
+  void* desc = nullptr;        // local descriptor of the registered buffer (FI_MR_LOCAL)
   Request* request = nullptr;  // the request a WRITE belongs to
   uint64_t remote_offset = 0;  // where in the peer's region a WRITE goes
   size_t lane = 0;             // the NIC a WRITE goes out on
 };
 
-Op* OpOf(void* context) { return reinterpret_cast<Op*>(context); }
+Op* OpOf(void* context) {
+  return reinterpret_cast<Op*>(context);
+}
 
 class Network {
  public:
@@ -106,7 +108,7 @@ class Network {
 std::vector<FiInfoPtr> FindNics(const Options& options, std::span<const uint8_t> peer,
                                 bool gpu_memory) {
   FiInfoPtr hints(fi_allocinfo());
-  hints->ep_attr->type = FI_EP_RDM;  // reliable, unconnected: one endpoint talks to many
+  hints->ep_attr->type = FI_EP_RDM;           // reliable, unconnected: one endpoint talks to many
   hints->caps = FI_MSG | FI_SOURCE | FI_RMA;  // FI_SOURCE: completions name the sender
   if (gpu_memory) hints->caps |= FI_HMEM;     // ask for providers that can take GPU memory
   hints->mode = FI_CONTEXT | FI_CONTEXT2;
@@ -123,7 +125,8 @@ std::vector<FiInfoPtr> FindNics(const Options& options, std::span<const uint8_t>
   }
   // Loopback is a NIC only when asked for by name, or when it is the only one.
   if (options.domain.empty() && domains.size() > 1)
-    std::erase_if(domains, [](const FiInfoPtr& d) { return std::string(d->domain_attr->name) == "lo"; });
+    std::erase_if(domains,
+                  [](const FiInfoPtr& d) { return std::string(d->domain_attr->name) == "lo"; });
   // In name order (mca2 before mca10), so lane i is the same-numbered NIC on both hosts.
   std::sort(domains.begin(), domains.end(), [](const FiInfoPtr& x, const FiInfoPtr& y) {
     const std::string a = x->domain_attr->name, b = y->domain_attr->name;
@@ -185,7 +188,8 @@ Network Network::Open(FiInfoPtr nic, WaitMode wait) {
   int rc = fi_cq_open(net.domain.get(), &cq_attr, &cq, nullptr);
   if (rc != 0 && wait == WaitMode::kBlock)
     throw UsageError(std::string("--wait block: provider ") + net.info->fabric_attr->prov_name +
-                     " has no file-descriptor wait object (" + fi_strerror(-rc) + "); use --wait spin");
+                     " has no file-descriptor wait object (" + fi_strerror(-rc) +
+                     "); use --wait spin");
   FI_CHECK(rc);
   net.cq.reset(cq);
   if (wait == WaitMode::kBlock) FI_CHECK(fi_control(&net.cq->fid, FI_GETWAIT, &net.wait_fd));
@@ -287,8 +291,8 @@ bool Network::PostSend(Op& op, fi_addr_t dest) {
 }
 
 // One RDMA WRITE of op's buffer to `offset` in the peer's region, carrying `immediate`.
-bool Network::PostWrite(Op& op, fi_addr_t dest, const wire::RemoteRegion& region,
-                        uint64_t offset, uint32_t immediate) {
+bool Network::PostWrite(Op& op, fi_addr_t dest, const wire::RemoteRegion& region, uint64_t offset,
+                        uint32_t immediate) {
   op.kind = OpKind::kWrite;
   ssize_t rc = fi_writedata(ep.get(), op.buffer, op.length, op.desc, immediate, dest,
                             region.address + offset, region.key, &op.context);
@@ -371,11 +375,12 @@ PageBuffer::Path ChoosePath(Network& net, MemoryKind memory) {
 
 void PrintHeader(const char* role, const std::vector<Network>& lanes, PageBuffer::Path path) {
   std::string domains;
-  for (const auto& lane : lanes) domains += std::string(domains.empty() ? "" : ",") + lane.info->domain_attr->name;
+  for (const auto& lane : lanes)
+    domains += std::string(domains.empty() ? "" : ",") + lane.info->domain_attr->name;
   std::printf("%s %s: provider %s, %zu lane%s (%s), %s, pages in %s\n", kProgram, role,
               lanes[0].info->fabric_attr->prov_name, lanes.size(), lanes.size() == 1 ? "" : "s",
-              domains.c_str(),
-              lanes[0].wait_fd >= 0 ? "blocking waits" : "spinning", PathName(path));
+              domains.c_str(), lanes[0].wait_fd >= 0 ? "blocking waits" : "spinning",
+              PathName(path));
   std::fflush(stdout);
 }
 
@@ -397,7 +402,7 @@ struct Request {
   wire::Transfer transfer;
   PageBuffer source;
   std::vector<MrPtr> mrs;  // the source registered on every lane's domain
-  uint64_t total = 0;  // pages x repeat
+  uint64_t total = 0;      // pages x repeat
   uint64_t posted = 0;
   uint64_t completed = 0;
 };
@@ -408,8 +413,8 @@ std::unique_ptr<Request> PrepareRequest(std::vector<Network>& lanes, PageBuffer:
                                         wire::Transfer transfer) {
   const size_t count = transfer.pages.size(), page_size = transfer.page_size;
   const uint64_t total = count * transfer.repeat;
-  auto r = std::make_unique<Request>(Request{name, client, std::move(transfer),
-                                             PageBuffer(count * page_size, path), {}, total, 0, 0});
+  auto r = std::make_unique<Request>(Request{
+      name, client, std::move(transfer), PageBuffer(count * page_size, path), {}, total, 0, 0});
   HostBuffer page(page_size);
   for (size_t i = 0; i < count; ++i) {
     FillPage({page.data(), page_size}, r->transfer.seed, r->transfer.pages[i]);
@@ -417,8 +422,9 @@ std::unique_ptr<Request> PrepareRequest(std::vector<Network>& lanes, PageBuffer:
   }
   r->source.SyncToNic();
   for (size_t l = 0; l < r->dest.addresses.size(); ++l)
-    r->mrs.push_back(lanes[l].RegisterMemory(r->source.nic_data(), r->source.size(), FI_WRITE,
-                                             path == PageBuffer::Path::kGpuDirect ? &r->source.gpu() : nullptr));
+    r->mrs.push_back(
+        lanes[l].RegisterMemory(r->source.nic_data(), r->source.size(), FI_WRITE,
+                                path == PageBuffer::Path::kGpuDirect ? &r->source.gpu() : nullptr));
   return r;
 }
 
@@ -436,8 +442,8 @@ void DrainPending(Network& net, std::deque<Op*>& pending) {
   while (!pending.empty()) {
     Op* op = pending.front();
     const Request& r = *op->request;
-    if (!net.PostWrite(*op, r.dest.addresses[op->lane], r.dest.regions[op->lane],
-                       op->remote_offset, r.transfer.request_id))
+    if (!net.PostWrite(*op, r.dest.addresses[op->lane], r.dest.regions[op->lane], op->remote_offset,
+                       r.transfer.request_id))
       return;
     pending.pop_front();
   }
@@ -548,8 +554,10 @@ int ServerMain(const Options& options) {
       try {
         message = wire::Decode(m.bytes);
       } catch (const wire::ProtocolError& e) {
-        if (known) refuse(m.source, 0, e.what());
-        else std::printf("dropped a message: %s\n", e.what());
+        if (known)
+          refuse(m.source, 0, e.what());
+        else
+          std::printf("dropped a message: %s\n", e.what());
         continue;
       }
       if (auto* connect = std::get_if<wire::Connect>(&message)) {
@@ -570,7 +578,8 @@ int ServerMain(const Options& options) {
         std::printf("dropped a message from a sender that did not CONNECT\n");
       } else if (auto* transfer = std::get_if<wire::Transfer>(&message)) {
         try {
-          for (const auto& region : clients[m.source].regions) wire::ValidateTransfer(*transfer, region);
+          for (const auto& region : clients[m.source].regions)
+            wire::ValidateTransfer(*transfer, region);
         } catch (const wire::ProtocolError& e) {
           refuse(m.source, transfer->request_id, e.what());
           continue;
@@ -618,9 +627,9 @@ void CheckRequestSize(const Options& options) {
     throw UsageError("invalid --pages " + std::to_string(options.pages) + " (1 to " +
                      std::to_string(wire::kMaxPagesPerRequest) + " per request)");
   if (options.pages * options.page_size > wire::kMaxRequestBytes)
-    throw UsageError("--pages x --page-size is " + std::to_string(options.pages * options.page_size) +
-                     " bytes, over the " + std::to_string(wire::kMaxRequestBytes) +
-                     " a request may hold");
+    throw UsageError("--pages x --page-size is " +
+                     std::to_string(options.pages * options.page_size) + " bytes, over the " +
+                     std::to_string(wire::kMaxRequestBytes) + " a request may hold");
   if (options.repeat == 0 || options.repeat > wire::kMaxRepeat)
     throw UsageError("invalid --repeat " + std::to_string(options.repeat));
   if (options.requests == 0 || options.requests > kMaxRequestsInFlight)
@@ -652,8 +661,9 @@ int ClientMain(const Options& options) {
   // One region, registered on every lane's domain: each gives it its own key.
   std::vector<MrPtr> region_mrs;
   for (auto& lane : lanes)
-    region_mrs.push_back(lane.RegisterMemory(region.nic_data(), region.size(), FI_REMOTE_WRITE,
-                                             path == PageBuffer::Path::kGpuDirect ? &region.gpu() : nullptr));
+    region_mrs.push_back(
+        lane.RegisterMemory(region.nic_data(), region.size(), FI_REMOTE_WRITE,
+                            path == PageBuffer::Path::kGpuDirect ? &region.gpu() : nullptr));
   Mailbox mail(net, options.requests + 2);
 
   const std::vector<uint32_t> all_pages = SamplePages(options.seed, total_pages, region_pages);
@@ -668,7 +678,7 @@ int ClientMain(const Options& options) {
   }
   if (options.test_bad_page) requests.back().pages.back() = static_cast<uint32_t>(region_pages);
 
-  uint64_t expected = total_pages * options.repeat;  // less what the server refuses
+  uint64_t expected = total_pages * options.repeat;    // less what the server refuses
   std::vector<uint64_t> arrived(requests.size() + 1);  // per request id
   uint64_t arrived_total = 0;
   // The clock runs from the first WRITE's arrival to the last: it times the network, not the
@@ -708,8 +718,10 @@ int ClientMain(const Options& options) {
   auto progress = [&] {
     size_t done = 0;
     for (auto& lane : lanes) done += lane.PollCompletion(on_done);  // WRITEs land on every lane
-    if (done > 0) last_progress = Clock::now();
-    else if (wait == WaitMode::kBlock) WaitForCompletions(lanes, 100);
+    if (done > 0)
+      last_progress = Clock::now();
+    else if (wait == WaitMode::kBlock)
+      WaitForCompletions(lanes, 100);
     if (Clock::now() - last_progress > idle_limit)
       throw Error("no answer from the server within " + std::to_string(options.timeout_s) +
                   " s (is it running at that address?)");
@@ -717,8 +729,9 @@ int ClientMain(const Options& options) {
 
   wire::Connect connect;
   for (size_t l = 0; l < lanes.size(); ++l)
-    connect.lanes.push_back({lanes[l].Address(),
-                             lanes[l].Advertise(region_mrs[l].get(), region.nic_data(), region.size())});
+    connect.lanes.push_back(
+        {lanes[l].Address(),
+         lanes[l].Advertise(region_mrs[l].get(), region.nic_data(), region.size())});
   SendMessage(net, mail, server, connect, progress);
   while (!accepted && refused.empty()) progress();  // our address is in the server's AV now
   for (const auto& request : requests) SendMessage(net, mail, server, request, progress);
@@ -755,13 +768,13 @@ int ClientMain(const Options& options) {
 
 int main(int argc, char** argv) {
   Options options;
-  CLI::App app{"Lesson 06: several NICs from the topology, pages striped over them. Without an "
-               "address: serve on --nics lanes. With the server's address: send --requests "
-               "requests of --pages random pages each over every lane, verify.",
-               kProgram};
+  CLI::App app{
+      "Lesson 06: several NICs from the topology, pages striped over them. Without an "
+      "address: serve on --nics lanes. With the server's address: send --requests "
+      "requests of --pages random pages each over every lane, verify.",
+      kProgram};
   AddOptions(app, options, kServeOptions | kTransferOptions | kWindowOptions | kLaneOptions);
   if (int rc = ParseCommandLine(app, argc, argv); rc >= 0) return rc;
-  return RunProgram(kProgram, [&] {
-    return options.peer.empty() ? ServerMain(options) : ClientMain(options);
-  });
+  return RunProgram(
+      kProgram, [&] { return options.peer.empty() ? ServerMain(options) : ClientMain(options); });
 }

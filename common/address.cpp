@@ -46,20 +46,29 @@ std::vector<uint8_t> FromHex(std::string_view hex) {
 
 std::optional<size_t> AddressLength(uint32_t addr_format) {
   switch (addr_format) {
-    case FI_SOCKADDR_IN: return sizeof(sockaddr_in);
-    case FI_SOCKADDR_IN6: return sizeof(sockaddr_in6);
-    case FI_ADDR_EFA: return 32;  // GID (16) + QPN (2) + pad (2) + QKEY (4) + pad (8)
-    default: return std::nullopt;
+    case FI_SOCKADDR_IN:
+      return sizeof(sockaddr_in);
+    case FI_SOCKADDR_IN6:
+      return sizeof(sockaddr_in6);
+    case FI_ADDR_EFA:
+      return 32;  // GID (16) + QPN (2) + pad (2) + QKEY (4) + pad (8)
+    default:
+      return std::nullopt;
   }
 }
 
 const char* AddressFormatName(uint32_t addr_format) {
   switch (addr_format) {
-    case FI_SOCKADDR_IN: return "FI_SOCKADDR_IN";
-    case FI_SOCKADDR_IN6: return "FI_SOCKADDR_IN6";
-    case FI_ADDR_EFA: return "FI_ADDR_EFA";
-    case FI_ADDR_STR: return "FI_ADDR_STR";
-    default: return "provider-specific";
+    case FI_SOCKADDR_IN:
+      return "FI_SOCKADDR_IN";
+    case FI_SOCKADDR_IN6:
+      return "FI_SOCKADDR_IN6";
+    case FI_ADDR_EFA:
+      return "FI_ADDR_EFA";
+    case FI_ADDR_STR:
+      return "FI_ADDR_STR";
+    default:
+      return "provider-specific";
   }
 }
 
@@ -67,9 +76,9 @@ void CheckAddress(std::span<const uint8_t> address, const fi_info& info) {
   const std::string provider = info.fabric_attr->prov_name;
   if (auto want = AddressLength(info.addr_format)) {
     if (address.size() != *want)
-      throw UsageError("address has " + std::to_string(address.size()) + " bytes, but " +
-                       provider + " addresses (" + AddressFormatName(info.addr_format) +
-                       ") have " + std::to_string(*want));
+      throw UsageError("address has " + std::to_string(address.size()) + " bytes, but " + provider +
+                       " addresses (" + AddressFormatName(info.addr_format) + ") have " +
+                       std::to_string(*want));
     return;
   }
   if (info.addr_format == FI_ADDR_STR) {

@@ -28,11 +28,12 @@ UniqueFd::~UniqueFd() {
 void ThrowCudaError(const char* call, int rc, const char* file, int line) {
   std::string where = file;
   where = where.substr(where.rfind('/') + 1) + ":" + std::to_string(line);
-  throw Error(where + ": " + call + " failed: " +
-              cudaGetErrorString(static_cast<cudaError_t>(rc)));
+  throw Error(where + ": " + call + " failed: " + cudaGetErrorString(static_cast<cudaError_t>(rc)));
 }
 
-bool CudaBuilt() { return true; }
+bool CudaBuilt() {
+  return true;
+}
 
 int CudaDeviceCount() {
   int count = 0;
@@ -86,18 +87,17 @@ CudaBuffer::~CudaBuffer() {
 }
 
 void CudaBuffer::CopyFromHost(size_t offset, const void* src, size_t bytes) {
-  CUDA_CHECK(cudaMemcpy(static_cast<uint8_t*>(data_) + offset, src, bytes,
-                        cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMemcpy(static_cast<uint8_t*>(data_) + offset, src, bytes, cudaMemcpyHostToDevice));
 }
 
 void CudaBuffer::CopyToHost(void* dst, size_t offset, size_t bytes) const {
-  CUDA_CHECK(cudaMemcpy(dst, static_cast<const uint8_t*>(data_) + offset, bytes,
-                        cudaMemcpyDeviceToHost));
+  CUDA_CHECK(
+      cudaMemcpy(dst, static_cast<const uint8_t*>(data_) + offset, bytes, cudaMemcpyDeviceToHost));
 }
 
 UniqueFd CudaBuffer::ExportDmabuf() const {
-  using GetHandle = CUresult (*)(void*, CUdeviceptr, size_t, CUmemRangeHandleType,
-                                 unsigned long long);
+  using GetHandle =
+      CUresult (*)(void*, CUdeviceptr, size_t, CUmemRangeHandleType, unsigned long long);
   void* fn = nullptr;
   cudaDriverEntryPointQueryResult found{};
   if (cudaGetDriverEntryPointByVersion("cuMemGetHandleForAddressRange", &fn, 12000,
@@ -125,20 +125,40 @@ PinnedBuffer::~PinnedBuffer() {
 void ThrowCudaError(const char* call, int rc, const char*, int) {
   throw Error(std::string(call) + " failed (" + std::to_string(rc) + ")");
 }
-bool CudaBuilt() { return false; }
-int CudaDeviceCount() { return 0; }
-std::string CudaDeviceName(int) { return ""; }
-std::string CudaPciBusId(int) { return ""; }
-static void NoCuda() { throw HardwareAbsent("this build has no CUDA support (meson -Dcuda=enabled)"); }
-CudaBuffer::CudaBuffer(size_t, int) { NoCuda(); }
+bool CudaBuilt() {
+  return false;
+}
+int CudaDeviceCount() {
+  return 0;
+}
+std::string CudaDeviceName(int) {
+  return "";
+}
+std::string CudaPciBusId(int) {
+  return "";
+}
+static void NoCuda() {
+  throw HardwareAbsent("this build has no CUDA support (meson -Dcuda=enabled)");
+}
+CudaBuffer::CudaBuffer(size_t, int) {
+  NoCuda();
+}
 CudaBuffer::CudaBuffer(CudaBuffer&& other) noexcept
     : data_(std::exchange(other.data_, nullptr)), size_(other.size_), device_(other.device_) {}
 CudaBuffer& CudaBuffer::operator=(CudaBuffer&&) noexcept = default;
 CudaBuffer::~CudaBuffer() = default;
-void CudaBuffer::CopyFromHost(size_t, const void*, size_t) { NoCuda(); }
-void CudaBuffer::CopyToHost(void*, size_t, size_t) const { NoCuda(); }
-UniqueFd CudaBuffer::ExportDmabuf() const { return UniqueFd(); }
-PinnedBuffer::PinnedBuffer(size_t) { NoCuda(); }
+void CudaBuffer::CopyFromHost(size_t, const void*, size_t) {
+  NoCuda();
+}
+void CudaBuffer::CopyToHost(void*, size_t, size_t) const {
+  NoCuda();
+}
+UniqueFd CudaBuffer::ExportDmabuf() const {
+  return UniqueFd();
+}
+PinnedBuffer::PinnedBuffer(size_t) {
+  NoCuda();
+}
 PinnedBuffer::~PinnedBuffer() = default;
 
 #endif

@@ -8,9 +8,9 @@ namespace common {
 
 // Exit codes of every program (DESIGN.md, "Programs").
 inline constexpr int kExitOk = 0;
-inline constexpr int kExitFailure = 1;     // runtime failure: peer error, wrong data
-inline constexpr int kExitUsage = 2;       // bad usage or bad input
-inline constexpr int kExitNoHardware = 77; // required hardware absent (Meson: skipped)
+inline constexpr int kExitFailure = 1;      // runtime failure: peer error, wrong data
+inline constexpr int kExitUsage = 2;        // bad usage or bad input
+inline constexpr int kExitNoHardware = 77;  // required hardware absent (Meson: skipped)
 
 class Error : public std::runtime_error {
  public:
@@ -41,23 +41,21 @@ class HardwareAbsent : public Error {
 }  // namespace common
 
 // libfabric calls return 0 or a positive count on success and -FI_Exxx on failure.
-#define FI_CHECK(call)                                                   \
-  do {                                                                   \
-    long fi_check_rc_ = static_cast<long>(call);                         \
-    if (fi_check_rc_ < 0)                                                \
-      ::common::ThrowFiError(#call, fi_check_rc_, __FILE__, __LINE__);   \
+#define FI_CHECK(call)                                                                     \
+  do {                                                                                     \
+    long fi_check_rc_ = static_cast<long>(call);                                           \
+    if (fi_check_rc_ < 0) ::common::ThrowFiError(#call, fi_check_rc_, __FILE__, __LINE__); \
   } while (0)
 
 // CUDA runtime calls return cudaSuccess (0) or an error code.
-#define CUDA_CHECK(call)                                                 \
-  do {                                                                   \
-    int cuda_check_rc_ = static_cast<int>(call);                         \
-    if (cuda_check_rc_ != 0)                                             \
-      ::common::ThrowCudaError(#call, cuda_check_rc_, __FILE__, __LINE__); \
+#define CUDA_CHECK(call)                                                                          \
+  do {                                                                                            \
+    int cuda_check_rc_ = static_cast<int>(call);                                                  \
+    if (cuda_check_rc_ != 0) ::common::ThrowCudaError(#call, cuda_check_rc_, __FILE__, __LINE__); \
   } while (0)
 
 // hwloc calls return -1 (or NULL) and set errno on failure.
-#define HWLOC_CHECK(call)                                                \
-  do {                                                                   \
+#define HWLOC_CHECK(call)                                                        \
+  do {                                                                           \
     if ((call) < 0) ::common::ThrowHwlocError(#call, errno, __FILE__, __LINE__); \
   } while (0)

@@ -10,7 +10,9 @@
 
 namespace common {
 
-void HostBuffer::Free::operator()(uint8_t* p) const noexcept { std::free(p); }
+void HostBuffer::Free::operator()(uint8_t* p) const noexcept {
+  std::free(p);
+}
 
 HostBuffer::HostBuffer(size_t size, size_t alignment) : size_(size) {
   // Large buffers on transparent huge pages: fewer TLB misses for the CPU, and far fewer
@@ -19,8 +21,9 @@ HostBuffer::HostBuffer(size_t size, size_t alignment) : size_(size) {
   if (huge) alignment = std::max(alignment, kHugePage);
   const size_t rounded = (size + alignment - 1) / alignment * alignment;
   void* p = std::aligned_alloc(alignment, rounded == 0 ? alignment : rounded);
-  if (p == nullptr) throw Error("cannot allocate " + std::to_string(size) + " bytes of host memory");
-  if (huge) madvise(p, rounded, MADV_HUGEPAGE);  // advice only: fine if refused
+  if (p == nullptr)
+    throw Error("cannot allocate " + std::to_string(size) + " bytes of host memory");
+  if (huge) madvise(p, rounded, MADV_HUGEPAGE);           // advice only: fine if refused
   std::memset(p, 0, rounded == 0 ? alignment : rounded);  // touch now, not inside a timed run
   data_.reset(static_cast<uint8_t*>(p));
 }

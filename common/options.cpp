@@ -23,11 +23,16 @@ uint64_t ParseSize(const std::string& text, const std::string& what) {
   if (ok && used < text.size()) {
     std::string suffix = text.substr(used);
     for (auto& c : suffix) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-    if (suffix == "k" || suffix == "kb" || suffix == "kib") shift = 10;
-    else if (suffix == "m" || suffix == "mb" || suffix == "mib") shift = 20;
-    else if (suffix == "g" || suffix == "gb" || suffix == "gib") shift = 30;
-    else if (suffix == "t" || suffix == "tb" || suffix == "tib") shift = 40;
-    else ok = false;
+    if (suffix == "k" || suffix == "kb" || suffix == "kib")
+      shift = 10;
+    else if (suffix == "m" || suffix == "mb" || suffix == "mib")
+      shift = 20;
+    else if (suffix == "g" || suffix == "gb" || suffix == "gib")
+      shift = 30;
+    else if (suffix == "t" || suffix == "tb" || suffix == "tib")
+      shift = 40;
+    else
+      ok = false;
   }
   if (ok && shift > 0 && value > (std::numeric_limits<uint64_t>::max() >> shift)) ok = false;
   if (!ok)
@@ -38,9 +43,12 @@ uint64_t ParseSize(const std::string& text, const std::string& what) {
 
 const char* MemoryName(MemoryKind kind) {
   switch (kind) {
-    case MemoryKind::kHost: return "host";
-    case MemoryKind::kCuda: return "cuda";
-    default: return "auto";
+    case MemoryKind::kHost:
+      return "host";
+    case MemoryKind::kCuda:
+      return "cuda";
+    default:
+      return "auto";
   }
 }
 
@@ -87,8 +95,7 @@ void AddOptions(CLI::App& app, Options& o, unsigned groups) {
     app.add_option("--address-file", o.address_file,
                    "Server: also write the address (hex) to this file");
     AddSize(app, "--max-clients", &o.max_clients,
-            "Server: exit after serving this many clients (default 0: until SIGINT/SIGTERM)",
-            "N");
+            "Server: exit after serving this many clients (default 0: until SIGINT/SIGTERM)", "N");
     AddSeconds(app, "--timeout", &o.timeout_s,
                "Client: seconds to wait for the server before giving up");
   }
@@ -96,9 +103,12 @@ void AddOptions(CLI::App& app, Options& o, unsigned groups) {
     app.add_option_function<std::string>(
            "--memory",
            [&o](const std::string& m) {
-             if (m == "host") o.memory = MemoryKind::kHost;
-             else if (m == "cuda") o.memory = MemoryKind::kCuda;
-             else throw UsageError("invalid --memory '" + m + "' (use host or cuda)");
+             if (m == "host")
+               o.memory = MemoryKind::kHost;
+             else if (m == "cuda")
+               o.memory = MemoryKind::kCuda;
+             else
+               throw UsageError("invalid --memory '" + m + "' (use host or cuda)");
            },
            "Memory for the pages: host or cuda (default: cuda when a GPU is present)")
         ->type_name("host|cuda");
@@ -129,9 +139,12 @@ void AddOptions(CLI::App& app, Options& o, unsigned groups) {
     app.add_option_function<std::string>(
            "--wait",
            [&o](const std::string& m) {
-             if (m == "spin") o.wait = WaitMode::kSpin;
-             else if (m == "block") o.wait = WaitMode::kBlock;
-             else throw UsageError("invalid --wait '" + m + "' (use spin or block)");
+             if (m == "spin")
+               o.wait = WaitMode::kSpin;
+             else if (m == "block")
+               o.wait = WaitMode::kBlock;
+             else
+               throw UsageError("invalid --wait '" + m + "' (use spin or block)");
            },
            "Completion wait: spin (busy poll) or block (sleep in the CQs' wait fds); default: "
            "block over tcp, whose kernel stack needs the CPUs, spin elsewhere")

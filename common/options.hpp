@@ -30,11 +30,11 @@ struct Options {
   uint64_t seed = 1;
   bool json = false;
   uint64_t window = 64;
-  uint64_t requests = 4;     // TRANSFER requests in flight per client (04 onward)
-  double link_gbps = 0;      // 0: sum of the link speeds libfabric reports
+  uint64_t requests = 4;  // TRANSFER requests in flight per client (04 onward)
+  double link_gbps = 0;   // 0: sum of the link speeds libfabric reports
   uint64_t warmup = 0;
   // Lanes (06 onward)
-  uint64_t nics = 0;         // 0: every NIC of the group
+  uint64_t nics = 0;  // 0: every NIC of the group
   WaitMode wait = WaitMode::kAuto;
   // Test-only switches, to prove that errors are caught.
   bool test_bad_page = false;

@@ -18,9 +18,12 @@ PageBuffer::PageBuffer(size_t size, Path path, int device)
 
 void* PageBuffer::nic_data() const {
   switch (path_) {
-    case Path::kHost: return host_.data();
-    case Path::kGpuDirect: return gpu_.data();
-    default: return mirror_.data();
+    case Path::kHost:
+      return host_.data();
+    case Path::kGpuDirect:
+      return gpu_.data();
+    default:
+      return mirror_.data();
   }
 }
 
@@ -50,9 +53,12 @@ std::span<uint8_t> PageBuffer::HostView() {
 
 const char* PathName(PageBuffer::Path path) {
   switch (path) {
-    case PageBuffer::Path::kHost: return "host memory";
-    case PageBuffer::Path::kGpuDirect: return "GPU memory, registered with FI_HMEM_CUDA (GPUDirect RDMA)";
-    default: return "GPU memory, staged through pinned host memory (the provider has no CUDA HMEM)";
+    case PageBuffer::Path::kHost:
+      return "host memory";
+    case PageBuffer::Path::kGpuDirect:
+      return "GPU memory, registered with FI_HMEM_CUDA (GPUDirect RDMA)";
+    default:
+      return "GPU memory, staged through pinned host memory (the provider has no CUDA HMEM)";
   }
 }
 

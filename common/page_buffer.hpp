@@ -39,7 +39,7 @@ class PageBuffer {
   Path path_;
   size_t size_;
   int device_;
-  HostBuffer host_;     // host path; for GPU paths, the read-back copy
+  HostBuffer host_;  // host path; for GPU paths, the read-back copy
   CudaBuffer gpu_;
   PinnedBuffer mirror_;  // staged path only
 };

@@ -17,7 +17,9 @@ static inline uint64_t Mix(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-static inline uint64_t Word(uint64_t key, uint64_t i) { return Mix(key + i); }
+static inline uint64_t Word(uint64_t key, uint64_t i) {
+  return Mix(key + i);
+}
 
 static inline uint64_t PageKey(uint64_t seed, uint64_t page_index) {
   return Mix(seed ^ Mix(page_index)) << 20;  // distinct pages start far apart

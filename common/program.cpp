@@ -11,7 +11,9 @@ namespace common {
 
 static std::atomic<bool> stop_requested{false};
 
-static void OnStopSignal(int) { stop_requested.store(true); }
+static void OnStopSignal(int) {
+  stop_requested.store(true);
+}
 
 void InstallStopHandlers() {
   struct sigaction action {};
@@ -21,7 +23,9 @@ void InstallStopHandlers() {
   sigaction(SIGTERM, &action, nullptr);
 }
 
-bool StopRequested() { return stop_requested.load(std::memory_order_relaxed); }
+bool StopRequested() {
+  return stop_requested.load(std::memory_order_relaxed);
+}
 
 int RunProgram(const char* name, const std::function<int()>& body) {
   try {

@@ -40,7 +40,8 @@ class Reader {
   }
   void ExpectEnd() const {
     if (at_ != bytes_.size())
-      throw ProtocolError(std::to_string(bytes_.size() - at_) + " unexpected bytes after the message");
+      throw ProtocolError(std::to_string(bytes_.size() - at_) +
+                          " unexpected bytes after the message");
   }
 
  private:
@@ -92,8 +93,8 @@ std::vector<uint8_t> Encode(const Message& message) {
   Header h{kMagic, kVersion, type, static_cast<uint32_t>(w.bytes.size()), 0};
   std::memcpy(w.bytes.data(), &h, sizeof(h));
   if (w.bytes.size() > kMaxMessageBytes)
-    throw ProtocolError("message of " + std::to_string(w.bytes.size()) + " bytes is over the limit " +
-                        std::to_string(kMaxMessageBytes));
+    throw ProtocolError("message of " + std::to_string(w.bytes.size()) +
+                        " bytes is over the limit " + std::to_string(kMaxMessageBytes));
   return std::move(w.bytes);
 }
 
@@ -101,7 +102,8 @@ Message Decode(std::span<const uint8_t> bytes) {
   Reader r(bytes);
   const auto h = r.Get<Header>("header");
   if (h.magic != kMagic) throw ProtocolError("wrong magic " + std::to_string(h.magic));
-  if (h.version != kVersion) throw ProtocolError("unsupported version " + std::to_string(h.version));
+  if (h.version != kVersion)
+    throw ProtocolError("unsupported version " + std::to_string(h.version));
   if (h.length != bytes.size())
     throw ProtocolError("header says " + std::to_string(h.length) + " bytes but " +
                         std::to_string(bytes.size()) + " arrived");

@@ -27,7 +27,13 @@ inline constexpr uint64_t kMaxRequestBytes = 1ull << 30;  // server source buffe
 inline constexpr uint64_t kMaxRepeat = 1ull << 24;
 inline constexpr uint64_t kMaxRegionBytes = 1ull << 40;
 
-enum class MessageType : uint16_t { kConnect = 1, kTransfer = 2, kError = 3, kBye = 4, kAccept = 5 };
+enum class MessageType : uint16_t {
+  kConnect = 1,
+  kTransfer = 2,
+  kError = 3,
+  kBye = 4,
+  kAccept = 5
+};
 
 struct Header {
   uint32_t magic;

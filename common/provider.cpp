@@ -62,8 +62,10 @@ std::vector<FiInfoPtr> SelectDomains(const fi_info& hints, const std::string& pr
       }
     }
     if (!list)
-      throw Error("none of efa, verbs;ofi_rxm, tcp;ofi_rxm is usable here; name one with -p "
-                  "(this machine has: " + Join(AvailableProviders()) + ")");
+      throw Error(
+          "none of efa, verbs;ofi_rxm, tcp;ofi_rxm is usable here; name one with -p "
+          "(this machine has: " +
+          Join(AvailableProviders()) + ")");
   } else {
     list = GetInfo(hints, chosen);
     if (!list) {
@@ -99,8 +101,8 @@ std::vector<FiInfoPtr> SelectDomains(const fi_info& hints, const std::string& pr
     domains.back()->next = nullptr;
   }
   if (domains.empty() && !domain.empty() && !wrong_address)
-    throw UsageError("provider " + chosen + " has no domain '" + domain + "' (domains: " +
-                     Join(names) + ")");
+    throw UsageError("provider " + chosen + " has no domain '" + domain +
+                     "' (domains: " + Join(names) + ")");
   if (domains.empty()) {
     CheckAddress(peer, *list);  // throws the one-line reason
     throw UsageError("address does not fit provider " + chosen);

@@ -22,8 +22,7 @@ std::vector<std::string> AvailableProviders();
 // empty, keeps only entries whose address format fits that address (a client's choice).
 // Throws UsageError for an unknown provider or domain, naming it and what there is instead.
 std::vector<FiInfoPtr> SelectDomains(const fi_info& hints, const std::string& provider,
-                                     const std::string& domain,
-                                     std::span<const uint8_t> peer = {});
+                                     const std::string& domain, std::span<const uint8_t> peer = {});
 
 // The first of SelectDomains().
 FiInfoPtr SelectProvider(const fi_info& hints, const std::string& provider,

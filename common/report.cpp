@@ -19,8 +19,8 @@ std::string FormatSummary(const Summary& s, bool json) {
                   "\"link_gbps\":%.3f,\"percent_of_link\":%.2f,\"mpps\":%.4f,"
                   "\"verified_bytes\":%llu,\"lanes\":%d}",
                   static_cast<unsigned long long>(s.bytes),
-                  static_cast<unsigned long long>(s.writes), s.seconds, gbps, s.link_gbps,
-                  percent, mpps, static_cast<unsigned long long>(s.verified_bytes), s.lanes);
+                  static_cast<unsigned long long>(s.writes), s.seconds, gbps, s.link_gbps, percent,
+                  mpps, static_cast<unsigned long long>(s.verified_bytes), s.lanes);
   } else {
     char link[64] = "link rate unknown: --link-gbps";
     if (s.link_gbps > 0)

@@ -7,8 +7,8 @@
 namespace common {
 
 struct Summary {
-  uint64_t bytes = 0;           // payload written, repeats included
-  uint64_t writes = 0;          // RDMA WRITE operations
+  uint64_t bytes = 0;   // payload written, repeats included
+  uint64_t writes = 0;  // RDMA WRITE operations
   double seconds = 0;
   double link_gbps = 0;         // theoretical rate; 0 when unknown
   uint64_t verified_bytes = 0;  // distinct bytes checked against the seed's data

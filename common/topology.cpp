@@ -29,7 +29,9 @@ std::string PciAddress::Full() const {
   return s;
 }
 
-std::string PciAddress::Short() const { return Full().substr(5); }
+std::string PciAddress::Short() const {
+  return Full().substr(5);
+}
 
 Topology Topology::Load() {
   hwloc_topology_t t = nullptr;
@@ -46,7 +48,8 @@ Topology Topology::FromXml(const std::string& path) {
   HWLOC_CHECK(hwloc_topology_init(&t));
   Topology topology;
   topology.topology_.reset(t);
-  if (hwloc_topology_set_xml(t, path.c_str()) < 0) throw Error("cannot read hwloc XML '" + path + "'");
+  if (hwloc_topology_set_xml(t, path.c_str()) < 0)
+    throw Error("cannot read hwloc XML '" + path + "'");
   HWLOC_CHECK(hwloc_topology_set_io_types_filter(t, HWLOC_TYPE_FILTER_KEEP_ALL));
   HWLOC_CHECK(hwloc_topology_load(t));
   return topology;
@@ -61,8 +64,8 @@ hwloc_obj_t FindPci(hwloc_topology_t t, const PciAddress& a) {
 // The NUMA node (os index) nearest a PCI device, or of the whole machine.
 int NumaOf(hwloc_topology_t t, hwloc_obj_t obj) {
   hwloc_obj_t cpu_side = obj ? hwloc_get_non_io_ancestor_obj(t, obj) : hwloc_get_root_obj(t);
-  hwloc_obj_t node = hwloc_get_next_obj_covering_cpuset_by_type(t, cpu_side->cpuset,
-                                                                  HWLOC_OBJ_NUMANODE, nullptr);
+  hwloc_obj_t node =
+      hwloc_get_next_obj_covering_cpuset_by_type(t, cpu_side->cpuset, HWLOC_OBJ_NUMANODE, nullptr);
   if (node == nullptr) {  // the cpuset covers several nodes: take the first of its nodeset
     int first = hwloc_bitmap_first(cpu_side->nodeset);
     return first < 0 ? 0 : first;
@@ -195,7 +198,8 @@ std::string FormatGroup(const DeviceGroup& group, const std::vector<NicDevice>& 
   return out;
 }
 
-std::string FormatTotals(const std::vector<DeviceGroup>& groups, const std::vector<NicDevice>& nics) {
+std::string FormatTotals(const std::vector<DeviceGroup>& groups,
+                         const std::vector<NicDevice>& nics) {
   size_t gpus = 0;
   double gbps = 0;
   for (const auto& g : groups) gpus += g.gpu ? 1 : 0;

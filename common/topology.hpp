@@ -17,7 +17,7 @@ struct PciAddress {
   uint16_t domain = 0;
   uint8_t bus = 0, device = 0, function = 0;
   static std::optional<PciAddress> Parse(const std::string& text);  // "0000:53:00.0" or "53:00.0"
-  std::string Full() const;   // "0000:53:00.0"
+  std::string Full() const;                                         // "0000:53:00.0"
   std::string Short() const;  // "53:00.0", as the published programs print
 };
 
@@ -28,17 +28,17 @@ struct NicDevice {
 };
 
 struct DeviceGroup {
-  std::optional<int> gpu;             // CUDA device index; none for a host-memory group
+  std::optional<int> gpu;  // CUDA device index; none for a host-memory group
   std::optional<PciAddress> gpu_pci;
-  int numa = 0;                       // NUMA node os index
-  std::vector<unsigned> cpus;         // one PU per core, os indices
-  std::vector<size_t> nics;           // indices into the NIC list
+  int numa = 0;                // NUMA node os index
+  std::vector<unsigned> cpus;  // one PU per core, os indices
+  std::vector<size_t> nics;    // indices into the NIC list
 };
 
 // Owns an hwloc topology.
 class Topology {
  public:
-  static Topology Load();                         // this machine, with PCI devices
+  static Topology Load();  // this machine, with PCI devices
   static Topology FromXml(const std::string& path);
   hwloc_topology_t get() const { return topology_.get(); }
 
@@ -58,8 +58,7 @@ class Topology {
 //  - each group's cores are its NUMA node's cores, split evenly among the node's groups in
 //    GPU order;
 //  - with no GPU, there is one host-memory group per NUMA node that has cores.
-std::vector<DeviceGroup> GroupDevices(const Topology& topology,
-                                      const std::vector<PciAddress>& gpus,
+std::vector<DeviceGroup> GroupDevices(const Topology& topology, const std::vector<PciAddress>& gpus,
                                       const std::vector<NicDevice>& nics);
 
 // "0-11", "0-3,8,10-11"
@@ -68,6 +67,7 @@ std::string FormatCpuList(const std::vector<unsigned>& cpus);
 // "cuda:0(53:00.0) NUMA0 CPU 0-11 rdmap79s0 (4f:00.0) ...", as the published programs did.
 std::string FormatGroup(const DeviceGroup& group, const std::vector<NicDevice>& nics);
 // "GPUs: 8, NICs: 32, Total Bandwidth: 3200 Gbps"
-std::string FormatTotals(const std::vector<DeviceGroup>& groups, const std::vector<NicDevice>& nics);
+std::string FormatTotals(const std::vector<DeviceGroup>& groups,
+                         const std::vector<NicDevice>& nics);
 
 }  // namespace common

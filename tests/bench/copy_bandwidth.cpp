@@ -49,9 +49,10 @@ void Report(const char* method, uint64_t bytes, double seconds, uint64_t page_si
 int main(int argc, char** argv) {
   uint64_t page_size = 64 * 1024, pages = 4096, repeat = 10;
   bool json = false;
-  CLI::App app{"Single-thread copy bandwidth (memcpy, and process_vm_writev into another "
-               "process) with the page pattern of the transfer stages",
-               "copy_bandwidth"};
+  CLI::App app{
+      "Single-thread copy bandwidth (memcpy, and process_vm_writev into another "
+      "process) with the page pattern of the transfer stages",
+      "copy_bandwidth"};
   app.add_option_function<std::string>(
       "-S,--page-size", [&](const std::string& s) { page_size = ParseSize(s, "--page-size"); },
       "Bytes per page (default 64k)");

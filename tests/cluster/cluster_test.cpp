@@ -18,7 +18,9 @@ namespace {
 
 constexpr int kNics = 4;
 
-std::string Script() { return std::string(std::getenv("E2E_SOURCE_DIR")) + "/scripts/minicluster"; }
+std::string Script() {
+  return std::string(std::getenv("E2E_SOURCE_DIR")) + "/scripts/minicluster";
+}
 
 // A mini-cluster of this test process's own (its own namespace names), always taken down,
 // also when a test fails half-way.
@@ -26,7 +28,8 @@ class MiniCluster {
  public:
   MiniCluster(int nics, int rate_mbit) {
     setenv("MINICLUSTER_NAME", name_.c_str(), 1);
-    Result up = RunToEnd({"/bin/bash", Script(), "up", std::to_string(nics), std::to_string(rate_mbit)}, 60s);
+    Result up = RunToEnd(
+        {"/bin/bash", Script(), "up", std::to_string(nics), std::to_string(rate_mbit)}, 60s);
     ok_ = up.exit_code == 0;
     log_ = up.out + up.err;
   }
@@ -39,7 +42,8 @@ class MiniCluster {
     return argv;
   }
   long long TxBytes(const char* host, const std::string& nic) const {
-    Result r = RunToEnd(On(host, {"/bin/cat", "/sys/class/net/" + nic + "/statistics/tx_bytes"}), 10s);
+    Result r =
+        RunToEnd(On(host, {"/bin/cat", "/sys/class/net/" + nic + "/statistics/tx_bytes"}), 10s);
     return r.exit_code == 0 ? std::stoll(r.out) : -1;
   }
 
@@ -50,12 +54,14 @@ class MiniCluster {
 };
 
 // Serves one client in host A and runs it in host B; returns the client's result.
-Result Transfer(const MiniCluster& mc, const std::string& stage, std::vector<std::string> server_args,
-                std::vector<std::string> client_args, Result* server_result) {
+Result Transfer(const MiniCluster& mc, const std::string& stage,
+                std::vector<std::string> server_args, std::vector<std::string> client_args,
+                Result* server_result) {
   TempDir dir;
   const std::string address_file = dir.path() + "/addr";
-  std::vector<std::string> server = {StageBinary(stage), "-p", "tcp", "--memory", "host",
-                                     "--address-file", address_file, "--max-clients", "1"};
+  std::vector<std::string> server = {
+      StageBinary(stage), "-p",         "tcp",           "--memory", "host",
+      "--address-file",   address_file, "--max-clients", "1"};
   server.insert(server.end(), server_args.begin(), server_args.end());
   Process p(mc.On("A", server));
   const std::string address = WaitForLine(address_file, 20s);

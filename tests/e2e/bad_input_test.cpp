@@ -23,7 +23,9 @@ class BadInput : public ::testing::TestWithParam<std::string> {
   }
 };
 
-TEST_P(BadInput, AddressNotHex) { ExpectUsageError({"-p", "shm", "xyz123"}, "'xyz123' is not hex"); }
+TEST_P(BadInput, AddressNotHex) {
+  ExpectUsageError({"-p", "shm", "xyz123"}, "'xyz123' is not hex");
+}
 
 TEST_P(BadInput, AddressOddLength) {
   ExpectUsageError({"-p", "shm", "abc"}, "'abc' has an odd number of hex digits");
@@ -39,7 +41,8 @@ TEST_P(BadInput, AddressNotAShmName) {
 }
 
 TEST_P(BadInput, UnknownProviderListsThisMachines) {
-  ExpectUsageError({"-p", "nosuchfabric", "00"}, "unknown provider 'nosuchfabric' (this machine has: ");
+  ExpectUsageError({"-p", "nosuchfabric", "00"},
+                   "unknown provider 'nosuchfabric' (this machine has: ");
   Result r = RunToEnd({StageBinary(GetParam()), "-p", "nosuchfabric"}, 20s);
   EXPECT_NE(r.err.find("shm"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("tcp"), std::string::npos) << r.err;
@@ -49,7 +52,9 @@ TEST_P(BadInput, UnknownDomain) {
   ExpectUsageError({"-p", "tcp", "--domain", "nosuchnic"}, "no domain 'nosuchnic'");
 }
 
-TEST_P(BadInput, UnknownOption) { ExpectUsageError({"--bogus"}, "--bogus"); }
+TEST_P(BadInput, UnknownOption) {
+  ExpectUsageError({"--bogus"}, "--bogus");
+}
 
 TEST_P(BadInput, SizeWithUnknownSuffix) {
   ExpectUsageError({"--max-clients", "12q"}, "invalid size '12q' for --max-clients");
@@ -79,7 +84,8 @@ TEST_P(BadTransferInput, PageSizeWithUnknownSuffix) {
 
 TEST_P(BadTransferInput, PageSizeZeroOrTooLarge) {
   ExpectUsageError({"-p", "shm", "-S", "0", "66695f73686d3a2f2f310000"}, "invalid --page-size 0");
-  ExpectUsageError({"-p", "shm", "-S", "1g", "66695f73686d3a2f2f3100"}, "invalid --page-size 1073741824");
+  ExpectUsageError({"-p", "shm", "-S", "1g", "66695f73686d3a2f2f3100"},
+                   "invalid --page-size 1073741824");
 }
 
 TEST_P(BadTransferInput, TooManyPagesPerRequest) {
@@ -97,14 +103,17 @@ INSTANTIATE_TEST_SUITE_P(Stages, BadTransferInput,
 
 class BadLaneInput : public BadInput {};
 
-TEST_P(BadLaneInput, UnknownWaitMode) { ExpectUsageError({"--wait", "maybe"}, "invalid --wait 'maybe'"); }
+TEST_P(BadLaneInput, UnknownWaitMode) {
+  ExpectUsageError({"--wait", "maybe"}, "invalid --wait 'maybe'");
+}
 
 TEST_P(BadLaneInput, TooManyLanes) {
   ExpectUsageError({"-p", "shm", "--memory", "host", "--nics", "65"}, "invalid --nics 65");
 }
 
 TEST_P(BadLaneInput, BlockingWithoutAWaitObject) {
-  ExpectUsageError({"-p", "shm", "--memory", "host", "--wait", "block"}, "--wait block: provider shm");
+  ExpectUsageError({"-p", "shm", "--memory", "host", "--wait", "block"},
+                   "--wait block: provider shm");
 }
 
 INSTANTIATE_TEST_SUITE_P(Stages, BadLaneInput, ::testing::Values("06_multi_nic"));

@@ -31,7 +31,8 @@ TEST_P(Messages, OneClientIsServed) {
   }
   Result done = server.Wait(20s);
   EXPECT_EQ(done.exit_code, 0) << done.err;
-  const std::string want = reverses() ? "client 0: Hello, RDMA!\n" : "received 12 bytes: Hello, RDMA!\n";
+  const std::string want =
+      reverses() ? "client 0: Hello, RDMA!\n" : "received 12 bytes: Hello, RDMA!\n";
   EXPECT_NE(done.out.find(want), std::string::npos) << done.out;
   EXPECT_NE(done.out.find("served 1 clients"), std::string::npos) << done.out;
 }
@@ -79,7 +80,8 @@ TEST_P(Messages, ClientWithoutServerGivesUpInBoundedTime) {
   server.Wait(5s);
   const auto start = std::chrono::steady_clock::now();
   Result client = RunClient(stage(), provider(), address, {"--timeout", "2"});
-  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double took =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   EXPECT_EQ(client.exit_code, 1) << client.out << client.err;
   EXPECT_NE(client.err.find("server"), std::string::npos) << client.err;
   EXPECT_LT(took, 8.0);

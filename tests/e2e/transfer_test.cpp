@@ -14,7 +14,9 @@ using namespace std::chrono_literals;
 namespace {
 
 // How many requests a client of this stage sends (03 sends one; later stages --requests).
-int RequestsOf(const std::string& stage) { return stage == "03_gpudirect_write" ? 1 : 4; }
+int RequestsOf(const std::string& stage) {
+  return stage == "03_gpudirect_write" ? 1 : 4;
+}
 
 // Lanes from 06 on: two here, so striping is always exercised.
 std::vector<std::string> LaneArgs(const std::string& stage) {
@@ -54,9 +56,9 @@ TEST_P(Transfer, VerifiesEveryPageForSeveralSizes) {
   StageServer server(stage(), provider(), 4, ServerArgs(stage()));
   ASSERT_FALSE(server.address().empty());
   for (const auto& c : cases) {
-    Result client = RunClient(stage(), provider(), server.address(),
-                              With({"-S", c.page_size, "--pages", std::to_string(c.pages),
-                                    "--repeat", "2"}));
+    Result client =
+        RunClient(stage(), provider(), server.address(),
+                  With({"-S", c.page_size, "--pages", std::to_string(c.pages), "--repeat", "2"}));
     ASSERT_EQ(client.exit_code, 0) << c.page_size << "\n" << client.out << client.err;
     EXPECT_EQ(NumberAfter(client.out, "verified "), c.bytes * c.pages * RequestsOf(stage()))
         << client.out;
@@ -74,7 +76,8 @@ TEST_P(Transfer, PageOutsideRegionIsRefusedAndTheNextClientSucceeds) {
   EXPECT_EQ(bad.exit_code, 1) << bad.out << bad.err;
   EXPECT_NE(bad.err.find("refused"), std::string::npos) << bad.err;
   EXPECT_NE(bad.err.find("outside the region"), std::string::npos) << bad.err;
-  Result good = RunClient(stage(), provider(), server.address(), With({"--pages", "16", "-S", "4k"}));
+  Result good =
+      RunClient(stage(), provider(), server.address(), With({"--pages", "16", "-S", "4k"}));
   EXPECT_EQ(good.exit_code, 0) << good.err;
   EXPECT_EQ(NumberAfter(good.out, "verified "), 16 * 4096 * RequestsOf(stage())) << good.out;
   Result done = server.Wait();
@@ -101,7 +104,8 @@ TEST_P(Transfer, ClientWithoutServerGivesUpInBoundedTime) {
   ASSERT_FALSE(address.empty());
   const auto start = std::chrono::steady_clock::now();
   Result client = RunClient(stage(), provider(), address, With({"--timeout", "2", "--pages", "4"}));
-  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double took =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   EXPECT_EQ(client.exit_code, 1) << client.out << client.err;
   EXPECT_NE(client.err.find("no answer from the server"), std::string::npos) << client.err;
   EXPECT_LT(took, 10.0);
@@ -189,11 +193,11 @@ TEST_P(Lanes, FourLanesVerified) {
 }
 
 TEST_P(Lanes, PrintsTheTopologyGroups) {
-  Result r = RunToEnd({StageBinary("06_multi_nic"), "-p", GetParam() == "tcp" ? "tcp" : "shm",
-                       "--domain", GetParam() == "tcp" ? "lo" : "shm", "--memory", "host",
-                       "--max-clients", "1", "--timeout", "1", "--address-file", "/dev/null",
-                       "--nics", "3"},
-                      3s);  // a server: stopped by the limit after it printed its header
+  Result r =
+      RunToEnd({StageBinary("06_multi_nic"), "-p", GetParam() == "tcp" ? "tcp" : "shm", "--domain",
+                GetParam() == "tcp" ? "lo" : "shm", "--memory", "host", "--max-clients", "1",
+                "--timeout", "1", "--address-file", "/dev/null", "--nics", "3"},
+               3s);  // a server: stopped by the limit after it printed its header
   EXPECT_NE(r.out.find("GPUs: 0, NICs: 1, Total Bandwidth:"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("  host NUMA0 CPU "), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("3 lanes"), std::string::npos) << r.out;

@@ -55,7 +55,9 @@ Process::Process(std::vector<std::string> argv) {
 }
 
 Process::Process(Process&& other) noexcept
-    : pid_(other.pid_), out_path_(std::move(other.out_path_)), err_path_(std::move(other.err_path_)) {
+    : pid_(other.pid_),
+      out_path_(std::move(other.out_path_)),
+      err_path_(std::move(other.err_path_)) {
   other.pid_ = -1;
 }
 
@@ -77,7 +79,9 @@ void Process::Signal(int sig) {
   if (pid_ > 0) kill(pid_, sig);
 }
 
-std::string Process::Output() const { return Slurp(out_path_); }
+std::string Process::Output() const {
+  return Slurp(out_path_);
+}
 
 Result Process::Wait(std::chrono::duration<double> limit) {
   Result r;

@@ -40,7 +40,7 @@ class Process {
 
 // Runs to completion and returns what happened.
 Result RunToEnd(std::vector<std::string> argv,
-           std::chrono::duration<double> limit = std::chrono::seconds(60));
+                std::chrono::duration<double> limit = std::chrono::seconds(60));
 
 // Path of a stage's executable in the build tree (from the E2E_BUILD_DIR environment).
 std::string StageBinary(const std::string& stage);

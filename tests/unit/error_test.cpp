@@ -9,7 +9,9 @@
 
 using namespace common;
 
-static int FailingFabricCall() { return -FI_ENOMEM; }
+static int FailingFabricCall() {
+  return -FI_ENOMEM;
+}
 static int FailingHwlocCall() {
   errno = ENOENT;
   return -1;

@@ -17,8 +17,8 @@ TEST(ParseSize, PlainNumbersAndSuffixes) {
 }
 
 TEST(ParseSize, RejectsNamingTheValueAndOption) {
-  for (const char* bad : {"12q", "", "k", "-1", "1.5k", " 1", "1 k", "99999999999999999999",
-                          "16777216t"}) {
+  for (const char* bad :
+       {"12q", "", "k", "-1", "1.5k", " 1", "1 k", "99999999999999999999", "16777216t"}) {
     try {
       ParseSize(bad, "--page-size");
       FAIL() << bad;
@@ -48,10 +48,20 @@ TEST(Options, DefaultsAndEveryGroup) {
   EXPECT_EQ(o.memory, MemoryKind::kAuto);
 
   Options p;
-  ASSERT_EQ(Parse(p, ~0u, {"-p", "tcp", "--domain", "lo", "-S", "1m", "--pages", "2k",
-                           "--repeat", "3", "-W", "128", "-w", "10", "--memory", "host", "--json",
-                           "--nics", "4", "--wait", "block", "--link-gbps", "4", "--timeout",
-                           "2.5", "--max-clients", "3", "abcd"}),
+  ASSERT_EQ(Parse(p, ~0u, {"-p",       "tcp",
+                           "--domain", "lo",
+                           "-S",       "1m",
+                           "--pages",  "2k",
+                           "--repeat", "3",
+                           "-W",       "128",
+                           "-w",       "10",
+                           "--memory", "host",
+                           "--json",   "--nics",
+                           "4",        "--wait",
+                           "block",    "--link-gbps",
+                           "4",        "--timeout",
+                           "2.5",      "--max-clients",
+                           "3",        "abcd"}),
             -1);
   EXPECT_EQ(p.provider, "tcp");
   EXPECT_EQ(p.domain, "lo");

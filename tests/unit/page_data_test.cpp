@@ -40,8 +40,8 @@ TEST(PageData, VerifyNamesTheFirstBadByte) {
 }
 
 TEST(SamplePages, DistinctInRangeAndDeterministic) {
-  for (auto [count, region] : {std::pair<size_t, size_t>{10, 10}, {100, 200}, {1000, 100000},
-                               {8192, 16384}, {1, 1}}) {
+  for (auto [count, region] :
+       {std::pair<size_t, size_t>{10, 10}, {100, 200}, {1000, 100000}, {8192, 16384}, {1, 1}}) {
     auto pages = SamplePages(5, count, region);
     ASSERT_EQ(pages.size(), count);
     std::set<uint32_t> distinct(pages.begin(), pages.end());

@@ -7,9 +7,13 @@ using namespace common;
 
 namespace {
 
-std::string Fixture(const char* name) { return std::string(TEST_DATA_DIR) + "/" + name; }
+std::string Fixture(const char* name) {
+  return std::string(TEST_DATA_DIR) + "/" + name;
+}
 
-PciAddress Pci(const char* text) { return *PciAddress::Parse(text); }
+PciAddress Pci(const char* text) {
+  return *PciAddress::Parse(text);
+}
 
 }  // namespace
 
@@ -81,14 +85,17 @@ TEST(GroupDevices, OddMachineHasADocumentedAnswer) {
                                        {"veth1", std::nullopt, 1}};
   const auto groups = GroupDevices(topology, gpus, nics);
   ASSERT_EQ(groups.size(), 2u);
-  EXPECT_EQ(FormatGroup(groups[0], nics), "cuda:0(15:00.0) NUMA0 CPU 0-3 nic13 (13:00.0) nic14 (14:00.0) veth1");
+  EXPECT_EQ(FormatGroup(groups[0], nics),
+            "cuda:0(15:00.0) NUMA0 CPU 0-3 nic13 (13:00.0) nic14 (14:00.0) veth1");
   EXPECT_EQ(FormatGroup(groups[1], nics), "cuda:1(24:00.0) NUMA0 CPU 4-7 orphan (30:00.0) veth0");
 }
 
 TEST(GroupDevices, WithoutGpuOneHostGroupPerNumaNode) {
   const Topology topology = Topology::FromXml(Fixture("p5.xml"));
-  std::vector<NicDevice> nics = {{"mca0", std::nullopt, 1}, {"mca1", std::nullopt, 1},
-                                 {"mca2", std::nullopt, 1}, {"rdmap79s0", Pci("4f:00.0"), 100}};
+  std::vector<NicDevice> nics = {{"mca0", std::nullopt, 1},
+                                 {"mca1", std::nullopt, 1},
+                                 {"mca2", std::nullopt, 1},
+                                 {"rdmap79s0", Pci("4f:00.0"), 100}};
   const auto groups = GroupDevices(topology, {}, nics);
   ASSERT_EQ(groups.size(), 2u);
   EXPECT_FALSE(groups[0].gpu.has_value());
