@@ -93,7 +93,8 @@ void AddOptions(CLI::App& app, Options& o, unsigned groups) {
                    "verbs;ofi_rxm, tcp;ofi_rxm that works here)");
     app.add_option("--domain", o.domain, "libfabric domain (NIC) to use, e.g. lo or rdmap79s0");
     app.add_option("--address-file", o.address_file,
-                   "Server: also write the address (hex) to this file");
+                   "Server: also write the address (hex) to this file (07 client: its lane "
+                   "addresses)");
     AddSize(app, "--max-clients", &o.max_clients,
             "Server: exit after serving this many clients (default 0: until SIGINT/SIGTERM)", "N");
     AddSeconds(app, "--timeout", &o.timeout_s,
@@ -149,6 +150,29 @@ void AddOptions(CLI::App& app, Options& o, unsigned groups) {
            "Completion wait: spin (busy poll) or block (sleep in the CQs' wait fds); default: "
            "block over tcp, whose kernel stack needs the CPUs, spin elsewhere")
         ->type_name("spin|block");
+  }
+  if (groups & kEngineOptions) {
+    app.add_flag("--no-warmup{false}", o.warm, "Client: no untimed WRITEs on every lane first");
+    AddSize(app, "--threads", &o.threads,
+            "Client: data threads the server runs for it (default 0: one per topology group; "
+            "1: a single thread)",
+            "N");
+    app.add_flag("--no-pin{false}", o.pin, "Client: the server's threads are not pinned to cores");
+    app.add_flag("--no-shard{false}", o.shard,
+                 "Client: the server's threads share one locked state instead of their own");
+    AddSize(app, "--batch", &o.batch, "Client: WRITEs handed to the provider per post", "N");
+    app.add_flag("--eager-post{false}", o.lazy,
+                 "Client: the server posts each WRITE at once instead of from its CQ poll");
+    app.add_flag("--no-numa{false}", o.numa,
+                 "Client: the server's memory is not bound to its threads' NUMA nodes");
+    app.add_flag("--ladder", o.ladder,
+                 "Client: run once per rung of the optimization ladder, one table row each");
+    AddSeconds(app, "--peer-timeout", &o.peer_timeout_s,
+               "Server: give up on a client silent this long while it is owed WRITEs");
+    app.add_option("--test-claim", o.test_claim,
+                   "Test only: CONNECT with the lane addresses in this file (another client's, "
+                   "written by its --address-file); the server must refuse")
+        ->group("");
   }
 }
 

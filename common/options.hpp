@@ -36,9 +36,20 @@ struct Options {
   // Lanes (06 onward)
   uint64_t nics = 0;  // 0: every NIC of the group
   WaitMode wait = WaitMode::kAuto;
+  // The engine of 07: each optimization behind its own switch, all on by default.
+  bool warm = true;      // --no-warmup
+  uint64_t threads = 0;  // data threads; 0: one per topology group
+  bool pin = true;       // --no-pin
+  bool shard = true;     // --no-shard
+  uint64_t batch = 16;   // WRITEs per post
+  bool lazy = true;      // --eager-post
+  bool numa = true;      // --no-numa
+  bool ladder = false;
+  double peer_timeout_s = 10;  // server: a client silent this long while it is owed WRITEs
   // Test-only switches, to prove that errors are caught.
   bool test_bad_page = false;
   bool test_corrupt = false;
+  std::string test_claim;  // 07: a file of another client's lane addresses to claim
 };
 
 // Option groups a stage can ask for, by the first stage that teaches them.
@@ -49,6 +60,7 @@ enum OptionGroup : unsigned {
   kWindowOptions = 1u << 3,    // -W, --requests, --json, --link-gbps
   kWarmupOptions = 1u << 4,    // -w
   kLaneOptions = 1u << 5,      // --nics, --wait
+  kEngineOptions = 1u << 6,    // 07's switches, --ladder, --peer-timeout
 };
 
 // Adds the groups' options to `app`, storing into `options`.
@@ -56,6 +68,11 @@ void AddOptions(CLI::App& app, Options& options, unsigned groups);
 
 // Parses; returns -1 to go on, or the exit code to return now (0 after --help, 2 after
 // bad usage, with one line on stderr naming the bad value).
+// The options a client sends the server in its CONNECT (07), named for error messages.
+inline constexpr const char* kEngineOptionNames[] = {
+    "--no-warmup", "-w",           "--threads", "--no-pin", "--no-shard",
+    "--batch",     "--eager-post", "--no-numa", "--ladder", "-W"};
+
 int ParseCommandLine(CLI::App& app, int argc, char** argv);
 
 // "64k" -> 65536; suffixes k, m, g, t (powers of 1024). Throws UsageError naming `what`.

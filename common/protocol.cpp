@@ -70,6 +70,7 @@ std::vector<uint8_t> Encode(const Message& message) {
       w.PutBytes(lane.address);
       w.Put(lane.region);
     }
+    w.Put(c->engine);
   } else if (auto* t = std::get_if<Transfer>(&message)) {
     type = static_cast<uint16_t>(MessageType::kTransfer);
     w.Put(t->request_id);
@@ -127,6 +128,13 @@ Message Decode(std::span<const uint8_t> bytes) {
           throw ProtocolError("region address + length overflows");
         c.lanes.push_back(std::move(lane));
       }
+      c.engine = r.Get<Engine>("engine");
+      if (c.engine.flags & ~kEngineFlags)
+        throw ProtocolError("unknown engine flags " + std::to_string(c.engine.flags));
+      CheckAtMost(c.engine.threads, kMaxLanes, "engine threads");
+      if (c.engine.batch == 0) throw ProtocolError("engine batch 0");
+      CheckAtMost(c.engine.batch, kMaxBatch, "engine batch");
+      CheckAtMost(c.engine.window, kMaxWindow, "engine window");
       r.ExpectEnd();
       return c;
     }

@@ -58,8 +58,27 @@ struct Lane {
   RemoteRegion region;
 };
 
+// What a client asks of the server's engine (07; earlier stages send the defaults, and their
+// servers ignore them). The optimizations are the writer's, but the client is the one that
+// benchmarks, so it asks: one server serves clients with different settings side by side.
+inline constexpr uint32_t kEnginePin = 1u << 0;    // pin each data thread to a core
+inline constexpr uint32_t kEngineShard = 1u << 1;  // per-thread state, no shared lock
+inline constexpr uint32_t kEngineLazy = 1u << 2;   // posts enqueue; the CQ poll posts
+inline constexpr uint32_t kEngineNuma = 1u << 3;   // memory on each thread's NUMA node
+inline constexpr uint32_t kEngineFlags = kEnginePin | kEngineShard | kEngineLazy | kEngineNuma;
+inline constexpr uint32_t kMaxBatch = 1024;
+inline constexpr uint32_t kMaxWindow = 1u << 20;
+
+struct Engine {
+  uint32_t flags = 0;
+  uint32_t threads = 0;  // data threads; 0: one per topology group
+  uint32_t batch = 1;    // WRITEs handed to the provider per post (FI_MORE on all but the last)
+  uint32_t window = 0;   // WRITEs in flight for this client; 0: the server's choice
+};
+
 struct Connect {
   std::vector<Lane> lanes;
+  Engine engine;
 };
 
 struct Transfer {

@@ -17,10 +17,11 @@ std::string FormatSummary(const Summary& s, bool json) {
     std::snprintf(line, sizeof(line),
                   "{\"bytes\":%llu,\"writes\":%llu,\"seconds\":%.6f,\"gbps\":%.3f,"
                   "\"link_gbps\":%.3f,\"percent_of_link\":%.2f,\"mpps\":%.4f,"
-                  "\"verified_bytes\":%llu,\"lanes\":%d}",
+                  "\"verified_bytes\":%llu,\"lanes\":%d%s%s%s}",
                   static_cast<unsigned long long>(s.bytes),
                   static_cast<unsigned long long>(s.writes), s.seconds, gbps, s.link_gbps, percent,
-                  mpps, static_cast<unsigned long long>(s.verified_bytes), s.lanes);
+                  mpps, static_cast<unsigned long long>(s.verified_bytes), s.lanes,
+                  s.step.empty() ? "" : ",\"step\":\"", s.step.c_str(), s.step.empty() ? "" : "\"");
   } else {
     char link[64] = "link rate unknown: --link-gbps";
     if (s.link_gbps > 0)

@@ -13,6 +13,7 @@ struct Summary {
   double link_gbps = 0;         // theoretical rate; 0 when unknown
   uint64_t verified_bytes = 0;  // distinct bytes checked against the seed's data
   int lanes = 1;
+  std::string step;  // 07 --ladder: which rung of the ladder this is
 };
 
 double Gbps(uint64_t bytes, double seconds);

@@ -3,7 +3,9 @@
 #include <hwloc/helper.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <map>
 
 #include "error.hpp"
@@ -105,6 +107,25 @@ std::vector<unsigned> CoresOf(hwloc_topology_t t, int numa) {
 }
 
 }  // namespace
+
+bool PinThread(const Topology& topology, unsigned cpu, std::string& why) {
+  hwloc_bitmap_t set = hwloc_bitmap_alloc();
+  hwloc_bitmap_only(set, cpu);
+  const int rc = hwloc_set_cpubind(topology.get(), set, HWLOC_CPUBIND_THREAD);
+  hwloc_bitmap_free(set);
+  if (rc != 0) why = "hwloc_set_cpubind(CPU " + std::to_string(cpu) + "): " + std::strerror(errno);
+  return rc == 0;
+}
+
+bool BindThreadMemory(const Topology& topology, int numa, std::string& why) {
+  hwloc_bitmap_t set = hwloc_bitmap_alloc();
+  hwloc_bitmap_only(set, static_cast<unsigned>(numa));
+  const int rc = hwloc_set_membind(topology.get(), set, HWLOC_MEMBIND_BIND,
+                                   HWLOC_MEMBIND_THREAD | HWLOC_MEMBIND_BYNODESET);
+  hwloc_bitmap_free(set);
+  if (rc != 0) why = "hwloc_set_membind(NUMA" + std::to_string(numa) + "): " + std::strerror(errno);
+  return rc == 0;
+}
 
 std::vector<DeviceGroup> GroupDevices(const Topology& topology, const std::vector<PciAddress>& gpus,
                                       const std::vector<NicDevice>& nics) {

@@ -61,6 +61,12 @@ class Topology {
 std::vector<DeviceGroup> GroupDevices(const Topology& topology, const std::vector<PciAddress>& gpus,
                                       const std::vector<NicDevice>& nics);
 
+// Binds the calling thread to one PU (os index). False (and the reason in `why`) where the
+// operating system refuses, e.g. a CPU outside the process's allowed set.
+bool PinThread(const Topology& topology, unsigned cpu, std::string& why);
+// Makes the calling thread's later allocations come from NUMA node `numa` (os index).
+bool BindThreadMemory(const Topology& topology, int numa, std::string& why);
+
 // "0-11", "0-3,8,10-11"
 std::string FormatCpuList(const std::vector<unsigned>& cpus);
 

@@ -109,6 +109,32 @@ TEST(Cluster, QueuingOnOneNicThenMultiNicOnFour) {
   }
 }
 
+// 07 across the namespaces: 4 NICs as 2 groups of 2 (a thread each), every page verified,
+// every NIC carrying its share.
+TEST(Cluster, FullEngineOnFourNics) {
+  MiniCluster mc(kNics, 1000);
+  ASSERT_TRUE(mc.ok()) << mc.log();
+  const std::string a = mc.name() + "a";
+  long long before[kNics];
+  for (int i = 0; i < kNics; ++i) before[i] = mc.TxBytes("A", a + std::to_string(i));
+  Result server;
+  Result r = Transfer(mc, "07_full_p5", {"--nics", "4"},
+                      {"--nics", "4", "--threads", "2", "-S", "64k", "--pages", "512", "--requests",
+                       "2", "--repeat", "2", "--link-gbps", "1", "--json"},
+                      &server);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err << server.out << server.err;
+  EXPECT_EQ(server.exit_code, 0) << server.err;
+  EXPECT_NE(server.out.find("4 lanes, 2 threads"), std::string::npos) << server.out;
+  EXPECT_EQ(NumberAfter(r.out, "\"verified_bytes\":"), 512LL * 65536 * 2);
+  EXPECT_EQ(NumberAfter(r.out, "\"lanes\":"), 4);
+  const long long share = 512LL * 65536 * 2 * 2 / kNics;  // plus 16 warmup pages per NIC
+  for (int i = 0; i < kNics; ++i) {
+    const long long sent = mc.TxBytes("A", a + std::to_string(i)) - before[i];
+    EXPECT_GT(sent, share * 9 / 10) << "NIC " << i;
+    EXPECT_LT(sent, share * 12 / 10) << "NIC " << i;
+  }
+}
+
 TEST(Cluster, NoNamespaceLeftBehind) {
   std::string name;
   {

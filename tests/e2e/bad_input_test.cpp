@@ -73,7 +73,8 @@ TEST_P(BadInput, HelpExplainsAndExitsZero) {
 
 INSTANTIATE_TEST_SUITE_P(Stages, BadInput,
                          ::testing::Values("01_send_recv", "02_bidirectional", "03_gpudirect_write",
-                                           "04_concurrent", "05_queuing", "06_multi_nic"));
+                                           "04_concurrent", "05_queuing", "06_multi_nic",
+                                           "07_full_p5"));
 
 // Options of the transfer stages.
 class BadTransferInput : public BadInput {};
@@ -99,7 +100,7 @@ TEST_P(BadTransferInput, UnknownMemoryKind) {
 
 INSTANTIATE_TEST_SUITE_P(Stages, BadTransferInput,
                          ::testing::Values("03_gpudirect_write", "04_concurrent", "05_queuing",
-                                           "06_multi_nic"));
+                                           "06_multi_nic", "07_full_p5"));
 
 class BadLaneInput : public BadInput {};
 
@@ -116,6 +117,25 @@ TEST_P(BadLaneInput, BlockingWithoutAWaitObject) {
                    "--wait block: provider shm");
 }
 
-INSTANTIATE_TEST_SUITE_P(Stages, BadLaneInput, ::testing::Values("06_multi_nic"));
+INSTANTIATE_TEST_SUITE_P(Stages, BadLaneInput, ::testing::Values("06_multi_nic", "07_full_p5"));
+
+// 07's engine switches: the client's to give, with bounds.
+class BadEngineInput : public BadInput {};
+
+TEST_P(BadEngineInput, EngineSwitchesBelongToTheClient) {
+  ExpectUsageError({"-p", "shm", "--threads", "2"}, "--threads is a client option");
+  ExpectUsageError({"-p", "shm", "--no-pin"}, "--no-pin is a client option");
+}
+
+TEST_P(BadEngineInput, BatchAndThreadsOutOfRange) {
+  ExpectUsageError({"-p", "shm", "--batch", "0", "66695f73686d3a2f2f3100"}, "invalid --batch 0");
+  ExpectUsageError({"-p", "shm", "--batch", "2000", "66695f73686d3a2f2f3100"},
+                   "invalid --batch 2000 (1 to 1024)");
+  ExpectUsageError({"-p", "shm", "--threads", "65", "66695f73686d3a2f2f3100"},
+                   "invalid --threads 65");
+  ExpectUsageError({"--peer-timeout", "-1"}, "invalid value '-1' for --peer-timeout");
+}
+
+INSTANTIATE_TEST_SUITE_P(Stages, BadEngineInput, ::testing::Values("07_full_p5"));
 
 }  // namespace

@@ -130,13 +130,12 @@ TEST_P(Transfer, CudaMemoryOrExit77) {
   EXPECT_EQ(server.Wait().exit_code, 0);
 }
 
-INSTANTIATE_TEST_SUITE_P(Stages, Transfer,
-                         ::testing::Combine(::testing::Values("03_gpudirect_write", "04_concurrent",
-                                                              "05_queuing", "06_multi_nic"),
-                                            ::testing::Values("shm", "tcp")),
-                         [](const auto& info) {
-                           return std::get<0>(info.param) + "_" + std::get<1>(info.param);
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Stages, Transfer,
+    ::testing::Combine(::testing::Values("03_gpudirect_write", "04_concurrent", "05_queuing",
+                                         "06_multi_nic", "07_full_p5"),
+                       ::testing::Values("shm", "tcp")),
+    [](const auto& info) { return std::get<0>(info.param) + "_" + std::get<1>(info.param); });
 
 // The summary of 04 onward, as one JSON line.
 TEST(Summary, JsonLineCarriesTheFigures) {

@@ -13,6 +13,7 @@ Connect SampleConnect() {
   Connect c;
   c.lanes.push_back({{1, 2, 3, 4}, {0x1000, 1 << 20, 0xabcdef}});
   c.lanes.push_back({std::vector<uint8_t>(32, 7), {0, 4096, 42}});
+  c.engine = {kEnginePin | kEngineLazy, 2, 16, 512};
   return c;
 }
 
@@ -51,6 +52,10 @@ TEST(Protocol, EveryMessageRoundTrips) {
   EXPECT_EQ(c.lanes[0].region.length, 1u << 20);
   EXPECT_EQ(c.lanes[0].region.key, 0xabcdefu);
   EXPECT_EQ(c.lanes[1].address.size(), 32u);
+  EXPECT_EQ(c.engine.flags, kEnginePin | kEngineLazy);
+  EXPECT_EQ(c.engine.threads, 2u);
+  EXPECT_EQ(c.engine.batch, 16u);
+  EXPECT_EQ(c.engine.window, 512u);
 
   auto t = std::get<Transfer>(Decode(Encode(SampleTransfer())));
   EXPECT_EQ(t.request_id, 7u);
@@ -113,6 +118,20 @@ TEST(Protocol, ConnectFieldsAreChecked) {
   bad.resize(bad.size() - 1);
   Poke<uint32_t>(bad, 8, static_cast<uint32_t>(bad.size()));
   ExpectRejected(bad, "message ends inside field");
+  // The engine settings close the message: flags, threads, batch, window.
+  const size_t engine = good.size() - sizeof(Engine);
+  bad = good;
+  Poke<uint32_t>(bad, engine, 1u << 9);
+  ExpectRejected(bad, "unknown engine flags 512");
+  bad = good;
+  Poke<uint32_t>(bad, engine + 4, kMaxLanes + 1);
+  ExpectRejected(bad, "engine threads 65 is over the limit 64");
+  bad = good;
+  Poke<uint32_t>(bad, engine + 8, 0);
+  ExpectRejected(bad, "engine batch 0");
+  bad = good;
+  Poke<uint32_t>(bad, engine + 12, kMaxWindow + 1);
+  ExpectRejected(bad, "engine window");
 }
 
 TEST(Protocol, TransferFieldsAreChecked) {

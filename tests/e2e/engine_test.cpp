@@ -1,0 +1,191 @@
+// End to end, 07_full_p5: lanes and threads, every switch of the ladder, several clients at
+// once, a client killed mid-transfer, and a client that claims another's lanes. Real
+// processes over shm and tcp (loopback), every transfer verified by its client.
+#include <gtest/gtest.h>
+
+#include <signal.h>
+
+#include <string>
+#include <thread>
+
+#include "process.hpp"
+
+using namespace testing_support;
+using namespace std::chrono_literals;
+
+namespace {
+
+constexpr const char* kStage = "07_full_p5";
+
+class Engine : public ::testing::TestWithParam<std::string> {
+ protected:
+  std::string provider() const { return GetParam(); }
+  // A client's arguments with host memory and a small transfer of `pages` 16 KiB pages.
+  static std::vector<std::string> Small(int pages, std::vector<std::string> more = {}) {
+    std::vector<std::string> args = {
+        "--memory",   "host", "-S",       "16k", "--pages", std::to_string(pages),
+        "--requests", "2",    "--repeat", "2"};
+    args.insert(args.end(), more.begin(), more.end());
+    return args;
+  }
+  // Waits until `process` printed `text` (true), or `limit` passed.
+  static bool WaitForOutput(Process& process, const std::string& text,
+                            std::chrono::duration<double> limit) {
+    const auto end = std::chrono::steady_clock::now() + limit;
+    while (std::chrono::steady_clock::now() < end) {
+      if (process.Output().find(text) != std::string::npos) return true;
+      std::this_thread::sleep_for(20ms);
+    }
+    return false;
+  }
+  // A client started in the background, as the tests' other clients run.
+  Process StartClient(const std::string& address, std::vector<std::string> args) const {
+    std::vector<std::string> argv = {StageBinary(kStage)};
+    for (auto& a : ProviderArgs(provider())) argv.push_back(a);
+    argv.push_back(address);
+    argv.insert(argv.end(), args.begin(), args.end());
+    return Process(argv);
+  }
+};
+
+TEST_P(Engine, OneTwoAndFourLanesWithOneAndTwoThreads) {
+  StageServer server(kStage, provider(), 6, {"--memory", "host", "--nics", "4"});
+  ASSERT_FALSE(server.address().empty());
+  for (int lanes : {1, 2, 4}) {
+    for (int threads : {1, 2}) {
+      Result client = RunClient(kStage, provider(), server.address(),
+                                Small(61, {"--nics", std::to_string(lanes), "--threads",
+                                           std::to_string(threads), "--json"}));
+      ASSERT_EQ(client.exit_code, 0) << lanes << " lanes, " << threads << " threads\n"
+                                     << client.out << client.err;
+      EXPECT_EQ(NumberAfter(client.out, "\"verified_bytes\":"), 61LL * 16384 * 2);
+      EXPECT_EQ(NumberAfter(client.out, "\"lanes\":"), lanes);
+    }
+  }
+  Result done = server.Wait();
+  EXPECT_EQ(done.exit_code, 0) << done.err;
+  // Threads never outnumber lanes: one lane gets one thread.
+  EXPECT_NE(done.out.find("1 lanes, 1 thread,"), std::string::npos) << done.out;
+  EXPECT_NE(done.out.find("2 lanes, 2 threads,"), std::string::npos) << done.out;
+  EXPECT_NE(done.out.find("4 lanes, 2 threads,"), std::string::npos) << done.out;
+  EXPECT_NE(done.out.find("served 6 clients"), std::string::npos) << done.out;
+}
+
+// Every switch off at once (the ladder's first rung), then the ladder turning each one on.
+TEST_P(Engine, EverySwitchOfTheLadder) {
+  StageServer server(kStage, provider(), 9, {"--memory", "host", "--nics", "2"});
+  ASSERT_FALSE(server.address().empty());
+  Result off = RunClient(kStage, provider(), server.address(),
+                         Small(40, {"--nics", "2", "--no-warmup", "--threads", "1", "--no-pin",
+                                    "--no-shard", "--batch", "1", "--eager-post", "--no-numa"}));
+  ASSERT_EQ(off.exit_code, 0) << off.out << off.err;
+  EXPECT_EQ(NumberAfter(off.out, "verified "), 40LL * 16384 * 2);
+
+  Result ladder = RunClient(kStage, provider(), server.address(),
+                            Small(40, {"--nics", "2", "--threads", "2", "--ladder", "--json"}));
+  ASSERT_EQ(ladder.exit_code, 0) << ladder.out << ladder.err;
+  const char* rungs[] = {"2 lanes, one thread",
+                         "+ warmup",
+                         "+ one thread per group",
+                         "+ pinning threads to cores",
+                         "+ sharded per-thread state",
+                         "+ batching 16 WRITEs per post",
+                         "+ lazy posting (progress in CQ poll)",
+                         "+ NUMA-aware allocation"};
+  size_t at = 0;
+  for (const char* rung : rungs) {
+    const std::string row = std::string("\"step\":\"") + rung + "\"";
+    at = ladder.out.find(row, at);
+    ASSERT_NE(at, std::string::npos) << rung << "\n" << ladder.out;
+    // Each rung verified the whole transfer (the JSON object ends right after its step).
+    const size_t start = ladder.out.rfind('{', at);
+    EXPECT_EQ(NumberAfter(ladder.out.substr(start), "\"verified_bytes\":"), 40LL * 16384 * 2)
+        << rung;
+  }
+  EXPECT_NE(ladder.out.find("| step | Gbps | % of link | Mpps |"), std::string::npos);
+
+  Result done = server.Wait();
+  EXPECT_EQ(done.exit_code, 0) << done.err;
+  const std::string& log = done.out;
+  EXPECT_NE(log.find("1 thread, not pinned, one shared state, batch 1, eager posting, no NUMA "
+                     "binding"),
+            std::string::npos)
+      << log;
+  EXPECT_NE(log.find("2 threads, pinned, sharded, batch 16, lazy posting, NUMA-bound"),
+            std::string::npos)
+      << log;
+  EXPECT_NE(log.find("warmup: wrote 2 pages"), std::string::npos) << log;  // a page per lane
+}
+
+TEST_P(Engine, FourClientsAtOnce) {
+  StageServer server(kStage, provider(), 4, {"--memory", "host", "--nics", "2"});
+  ASSERT_FALSE(server.address().empty());
+  std::vector<Process> clients;
+  for (int i = 1; i <= 4; ++i)
+    clients.push_back(
+        StartClient(server.address(), Small(100, {"--nics", "2", "--seed", std::to_string(i)})));
+  for (auto& client : clients) {
+    Result r = client.Wait(120s);
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+    EXPECT_EQ(NumberAfter(r.out, "verified "), 100LL * 16384 * 2) << r.out;
+  }
+  Result done = server.Wait();
+  EXPECT_EQ(done.exit_code, 0) << done.err;
+  EXPECT_NE(done.out.find("client 4 connected"), std::string::npos) << done.out;
+  EXPECT_NE(done.out.find("served 4 clients"), std::string::npos) << done.out;
+}
+
+// kill -9 in the middle of a transfer: the server notices, says so in one line, cleans up;
+// the client running beside it finishes verified, and the next client is served.
+TEST_P(Engine, KilledClientIsCleanedUpWhileOthersFinish) {
+  StageServer server(kStage, provider(), 3,
+                     {"--memory", "host", "--nics", "2", "--peer-timeout", "3"});
+  ASSERT_FALSE(server.address().empty());
+  // Far more than it can move before it is killed; its progress line says it is moving.
+  Process doomed = StartClient(server.address(), {"--memory", "host", "--nics", "2", "-S", "64k",
+                                                  "--pages", "1024", "--repeat", "100000"});
+  ASSERT_TRUE(WaitForOutput(doomed, "progress:", 30s)) << doomed.Output();
+  Process other = StartClient(server.address(), Small(200, {"--nics", "2", "--seed", "7"}));
+  ASSERT_TRUE(WaitForOutput(server.process(), "client 2 connected", 30s));
+  doomed.Signal(SIGKILL);
+  Result r = other.Wait(120s);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_EQ(NumberAfter(r.out, "verified "), 200LL * 16384 * 2);
+  ASSERT_TRUE(WaitForOutput(server.process(), "client 1 lost: ", 30s)) << server.process().Output();
+  Result third = RunClient(kStage, provider(), server.address(), Small(50, {"--nics", "2"}));
+  ASSERT_EQ(third.exit_code, 0) << third.out << third.err;
+  EXPECT_EQ(NumberAfter(third.out, "verified "), 50LL * 16384 * 2);
+  Result done = server.Wait();
+  EXPECT_EQ(done.exit_code, 0) << done.err;
+  EXPECT_NE(done.out.find("client 1 cleaned up"), std::string::npos) << done.out;
+  EXPECT_NE(done.out.find("client 3 done"), std::string::npos) << done.out;
+}
+
+// A CONNECT that names another client's lane (to have the server write into its region with
+// its keys) is refused; the owner is unharmed.
+TEST_P(Engine, AnotherClientsRegionIsRefused) {
+  StageServer server(kStage, provider(), 1, {"--memory", "host", "--nics", "2"});
+  ASSERT_FALSE(server.address().empty());
+  TempDir dir;
+  const std::string lanes_file = dir.path() + "/lanes";
+  Process owner =
+      StartClient(server.address(),
+                  {"--memory", "host", "--nics", "2", "-S", "64k", "--pages", "1024", "--repeat",
+                   provider() == "shm" ? "100" : "20", "--address-file", lanes_file});
+  ASSERT_FALSE(WaitForLine(lanes_file, 20s).empty());
+  ASSERT_TRUE(WaitForOutput(server.process(), "client 1 connected", 30s));
+  Result thief = RunClient(kStage, provider(), server.address(),
+                           Small(8, {"--nics", "2", "--test-claim", lanes_file}));
+  EXPECT_EQ(thief.exit_code, 1) << thief.out << thief.err;
+  EXPECT_NE(thief.err.find("refused the connection: lane 1 is lane 1 of client 1"),
+            std::string::npos)
+      << thief.err;
+  Result r = owner.Wait(120s);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_EQ(NumberAfter(r.out, "verified "), 1024LL * 65536 * 4);  // 4 requests
+  EXPECT_EQ(server.Wait().exit_code, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Providers, Engine, ::testing::Values("shm", "tcp"));
+
+}  // namespace
