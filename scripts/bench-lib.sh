@@ -1,0 +1,34 @@
+# Helpers the benchmark scripts share (sourced, not run): medians, JSON fields, CPU time
+# split, NIC byte counters, and one server/client run across the mini-cluster.
+
+median() { sort -g | awk '{a[NR]=$1} END {if (NR%2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2}'; }
+field() { sed -n "s/.*\"$1\":\([0-9.]*\).*/\1/p"; }
+cpu_ticks() {  # user nice system idle iowait irq softirq, summed over all CPUs
+  awk '/^cpu / {print $2, $3, $4, $5, $6, $7, $8}' /proc/stat
+}
+cpu_split() {  # "before" "after" -> where the time went, in % of all CPU time
+  awk -v b="$1" -v a="$2" 'BEGIN {
+    split(b, x); split(a, y); t = 0
+    for (i = 1; i <= 7; i++) { d[i] = y[i] - x[i]; t += d[i] }
+    printf "user %.0f%%, sys %.0f%%, softirq %.0f%%, idle %.0f%%",
+      100 * (d[1] + d[2]) / t, 100 * (d[3] + d[6]) / t, 100 * d[7] / t, 100 * (d[4] + d[5]) / t }'
+}
+tx_bytes() {  # host nic
+  scripts/minicluster exec "$1" cat "/sys/class/net/$2/statistics/tx_bytes"
+}
+
+# run STAGE "server args" "client args": a server in host A for one client, the client in
+# host B with --json; prints what the client printed. Needs $build and $tmp. With
+# PROGRAM_CPUS set (e.g. 0), both programs run on those CPUs only (taskset).
+run() {
+  local stage=$1 server_args=$2 client_args=$3 bin="$build/$1/$1"
+  local cpus=(); [ -n "${PROGRAM_CPUS:-}" ] && cpus=(taskset -c "$PROGRAM_CPUS")
+  rm -f "$tmp/addr"
+  scripts/minicluster exec A "${cpus[@]}" "$bin" -p tcp $server_args --memory host --address-file "$tmp/addr" \
+    --max-clients 1 >"$tmp/server.log" 2>&1 &
+  local server=$!
+  for _ in $(seq 200); do [ -s "$tmp/addr" ] && break; sleep 0.05; done
+  scripts/minicluster exec B "${cpus[@]}" "$bin" -p tcp "$(cat "$tmp/addr")" --memory host --json $client_args ||
+    { echo "client failed; server printed:" >&2; cat "$tmp/server.log" >&2; }
+  wait "$server"
+}
