@@ -1109,14 +1109,15 @@ class ProgressLine {
     next_ = now + std::chrono::seconds(tty_ ? 1 : 5);
     if (seconds <= 0) return;
     const double gbps = Gbps(bytes, seconds);
+    char link[64] = "";
+    if (link_gbps_ > 0)
+      std::snprintf(link, sizeof(link), " (%.1f%% of link)", 100 * gbps / link_gbps_);
     char line[256];
     std::snprintf(line, sizeof(line),
-                  "progress: %6.1f s, %5.1f%% done, %llu ops, %.1f MB, %.3f Gbps (%.1f%% of "
-                  "link), %.4f Mpps",
+                  "progress: %6.1f s, %5.1f%% done, %llu ops, %.1f MB, %.3f Gbps%s, %.4f Mpps",
                   seconds, 100.0 * static_cast<double>(writes) / static_cast<double>(expected_),
                   static_cast<unsigned long long>(writes), static_cast<double>(bytes) / 1e6, gbps,
-                  link_gbps_ > 0 ? 100 * gbps / link_gbps_ : 0,
-                  static_cast<double>(writes) / seconds / 1e6);
+                  link, static_cast<double>(writes) / seconds / 1e6);
     std::printf(tty_ ? "\r%s\033[K" : "%s\n", line);
     std::fflush(stdout);
     printed_ = true;
