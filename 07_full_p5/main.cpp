@@ -465,6 +465,7 @@ struct Worker {
   std::vector<std::deque<Op*>> pending;  // per lane: WRITEs prepared, not yet posted
   std::list<std::unique_ptr<Share>> shares;
   uint64_t writes = 0, bytes = 0;  // sharded counters, summed when reporting
+  uint64_t in_flight = 0;          // WRITEs of this thread's not yet completed
   Clock::time_point last_completion;
   std::mutex inbox_mutex;  // the control thread hands new shares over here
   std::condition_variable inbox_ready;
@@ -563,21 +564,25 @@ void OpenLanes(Worker& w) {
   w.last_completion = Clock::now();
 }
 
-// --shard: the thread's own window, no lock. --no-shard: the session's, behind its lock.
+// --shard: the thread's own window, no lock. --no-shard: the session's, behind its lock;
+// each thread still takes no more than its lanes' share, so none starves the others.
 Op* TakeOp(Worker& w) {
   std::vector<Op*>* free_ops = &w.free_ops;
   std::unique_lock<std::mutex> lock;
   if (!w.session->On(wire::kEngineShard)) {
     lock = std::unique_lock(w.session->shared.mutex);
     free_ops = &w.session->shared.free_ops;
+    if (w.in_flight >= w.session->engine.window * w.lane_count) return nullptr;
   }
   if (free_ops->empty()) return nullptr;
   Op* op = free_ops->back();
   free_ops->pop_back();
+  ++w.in_flight;
   return op;
 }
 
 void CountCompletion(Worker& w, Op* op) {
+  --w.in_flight;
   if (w.session->On(wire::kEngineShard)) {
     ++op->share->completed;
     ++w.writes;
@@ -1096,43 +1101,6 @@ void CheckRequestSize(const Options& options) {
   if (options.warmup > wire::kMaxRepeat)
     throw UsageError("invalid --warmup " + std::to_string(options.warmup));
 }
-
-// The progress line: rewritten in place on a terminal, a line every few seconds otherwise.
-class ProgressLine {
- public:
-  ProgressLine(uint64_t expected_writes, double link_gbps)
-      : expected_(expected_writes), link_gbps_(link_gbps), tty_(isatty(STDOUT_FILENO) == 1) {}
-
-  void Update(uint64_t writes, uint64_t bytes, double seconds) {
-    const auto now = Clock::now();
-    if (now < next_) return;
-    next_ = now + std::chrono::seconds(tty_ ? 1 : 5);
-    if (seconds <= 0) return;
-    const double gbps = Gbps(bytes, seconds);
-    char link[64] = "";
-    if (link_gbps_ > 0)
-      std::snprintf(link, sizeof(link), " (%.1f%% of link)", 100 * gbps / link_gbps_);
-    char line[256];
-    std::snprintf(line, sizeof(line),
-                  "progress: %6.1f s, %5.1f%% done, %llu ops, %.1f MB, %.3f Gbps%s, %.4f Mpps",
-                  seconds, 100.0 * static_cast<double>(writes) / static_cast<double>(expected_),
-                  static_cast<unsigned long long>(writes), static_cast<double>(bytes) / 1e6, gbps,
-                  link, static_cast<double>(writes) / seconds / 1e6);
-    std::printf(tty_ ? "\r%s\033[K" : "%s\n", line);
-    std::fflush(stdout);
-    printed_ = true;
-  }
-  void End() {
-    if (tty_ && printed_) std::printf("\n");
-  }
-
- private:
-  uint64_t expected_;
-  double link_gbps_;
-  bool tty_;
-  bool printed_ = false;
-  Clock::time_point next_ = Clock::now() + std::chrono::seconds(1);
-};
 
 // --address-file for a client: its lane addresses, comma-separated hex (for tests that play
 // a client claiming another's lanes, --test-claim).

@@ -67,7 +67,7 @@ inline constexpr uint32_t kEngineLazy = 1u << 2;   // posts enqueue; the CQ poll
 inline constexpr uint32_t kEngineNuma = 1u << 3;   // memory on each thread's NUMA node
 inline constexpr uint32_t kEngineFlags = kEnginePin | kEngineShard | kEngineLazy | kEngineNuma;
 inline constexpr uint32_t kMaxBatch = 1024;
-inline constexpr uint32_t kMaxWindow = 1u << 20;
+inline constexpr uint32_t kMaxWindow = 1u << 16;  // per lane: the server allocates an Op for each
 
 struct Engine {
   uint32_t flags = 0;

@@ -1,5 +1,7 @@
 #include "report.hpp"
 
+#include <unistd.h>
+
 #include <cstdio>
 
 namespace common {
@@ -39,6 +41,42 @@ std::string FormatSummary(const Summary& s, bool json) {
 void PrintSummary(const Summary& s, bool json) {
   std::printf("%s\n", FormatSummary(s, json).c_str());
   std::fflush(stdout);
+}
+
+std::string FormatProgress(uint64_t writes, uint64_t expected_writes, uint64_t bytes,
+                           double seconds, double link_gbps) {
+  const double gbps = Gbps(bytes, seconds);
+  char link[64] = "";
+  if (link_gbps > 0) std::snprintf(link, sizeof(link), " (%.1f%% of link)", 100 * gbps / link_gbps);
+  char line[256];
+  std::snprintf(line, sizeof(line),
+                "progress: %.1f s, %.1f%% done, %llu ops, %.1f MB, %.3f Gbps%s, %.4f Mpps", seconds,
+                expected_writes > 0
+                    ? 100.0 * static_cast<double>(writes) / static_cast<double>(expected_writes)
+                    : 0.0,
+                static_cast<unsigned long long>(writes), static_cast<double>(bytes) / 1e6, gbps,
+                link, seconds > 0 ? static_cast<double>(writes) / seconds / 1e6 : 0.0);
+  return line;
+}
+
+ProgressLine::ProgressLine(uint64_t expected_writes, double link_gbps)
+    : expected_(expected_writes),
+      link_gbps_(link_gbps),
+      tty_(isatty(STDOUT_FILENO) == 1),
+      next_(std::chrono::steady_clock::now() + std::chrono::seconds(1)) {}
+
+void ProgressLine::Update(uint64_t writes, uint64_t bytes, double seconds) {
+  const auto now = std::chrono::steady_clock::now();
+  if (now < next_ || seconds <= 0) return;
+  next_ = now + std::chrono::seconds(tty_ ? 1 : 5);
+  const std::string line = FormatProgress(writes, expected_, bytes, seconds, link_gbps_);
+  std::printf(tty_ ? "\r%s\033[K" : "%s\n", line.c_str());
+  std::fflush(stdout);
+  printed_ = true;
+}
+
+void ProgressLine::End() {
+  if (tty_ && printed_) std::printf("\n");
 }
 
 }  // namespace common

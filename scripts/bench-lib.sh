@@ -19,13 +19,14 @@ tx_bytes() {  # host nic
 
 # run STAGE "server args" "client args": a server in host A for one client, the client in
 # host B with --json; prints what the client printed. Needs $build and $tmp. With
-# PROGRAM_CPUS set (e.g. 0), both programs run on those CPUs only (taskset).
+# PROGRAM_CPUS set (e.g. 0), both programs run on those CPUs only (taskset); the server
+# serves MAX_CLIENTS clients (default 1; a --ladder client is one per rung).
 run() {
   local stage=$1 server_args=$2 client_args=$3 bin="$build/$1/$1"
   local cpus=(); [ -n "${PROGRAM_CPUS:-}" ] && cpus=(taskset -c "$PROGRAM_CPUS")
   rm -f "$tmp/addr"
   scripts/minicluster exec A "${cpus[@]}" "$bin" -p tcp $server_args --memory host --address-file "$tmp/addr" \
-    --max-clients 1 >"$tmp/server.log" 2>&1 &
+    --max-clients "${MAX_CLIENTS:-1}" >"$tmp/server.log" 2>&1 &
   local server=$!
   for _ in $(seq 200); do [ -s "$tmp/addr" ] && break; sleep 0.05; done
   scripts/minicluster exec B "${cpus[@]}" "$bin" -p tcp "$(cat "$tmp/addr")" --memory host --json $client_args ||
