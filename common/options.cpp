@@ -81,6 +81,12 @@ static void AddSeconds(CLI::App& app, const std::string& names, double* value,
   opt->type_name("SECONDS")->default_str(std::to_string(*value).substr(0, 4));
 }
 
+// A switch that turns something off: --no-pin sets *value to false.
+static void AddOff(CLI::App& app, const std::string& name, bool* value, const std::string& help) {
+  app.add_flag_callback(
+      name, [value] { *value = false; }, help);
+}
+
 void AddOptions(CLI::App& app, Options& o, unsigned groups) {
   app.set_help_flag("-h,--help", "Print this help and exit");
   app.add_option("address", o.peer,
@@ -136,7 +142,8 @@ void AddOptions(CLI::App& app, Options& o, unsigned groups) {
   if (groups & kWarmupOptions)
     AddSize(app, "-w,--warmup", &o.warmup, "Untimed WRITEs per lane before the timed run", "N");
   if (groups & kLaneOptions) {
-    AddSize(app, "--nics", &o.nics, "Lanes (NICs) to use (default 0: all of the group)", "N");
+    AddSize(app, "--nics", &o.nics,
+            "Lanes (NICs) to use (default 0: all NICs of the group; 07: of every group)", "N");
     app.add_option_function<std::string>(
            "--wait",
            [&o](const std::string& m) {
@@ -152,19 +159,19 @@ void AddOptions(CLI::App& app, Options& o, unsigned groups) {
         ->type_name("spin|block");
   }
   if (groups & kEngineOptions) {
-    app.add_flag("--no-warmup{false}", o.warm, "Client: no untimed WRITEs on every lane first");
+    AddOff(app, "--no-warmup", &o.warm, "Client: no untimed WRITEs on every lane first");
     AddSize(app, "--threads", &o.threads,
             "Client: data threads the server runs for it (default 0: one per topology group; "
             "1: a single thread)",
             "N");
-    app.add_flag("--no-pin{false}", o.pin, "Client: the server's threads are not pinned to cores");
-    app.add_flag("--no-shard{false}", o.shard,
-                 "Client: the server's threads share one locked state instead of their own");
+    AddOff(app, "--no-pin", &o.pin, "Client: the server's threads are not pinned to cores");
+    AddOff(app, "--no-shard", &o.shard,
+           "Client: the server's threads share one locked state instead of their own");
     AddSize(app, "--batch", &o.batch, "Client: WRITEs handed to the provider per post", "N");
-    app.add_flag("--eager-post{false}", o.lazy,
-                 "Client: the server posts each WRITE at once instead of from its CQ poll");
-    app.add_flag("--no-numa{false}", o.numa,
-                 "Client: the server's memory is not bound to its threads' NUMA nodes");
+    AddOff(app, "--eager-post", &o.lazy,
+           "Client: the server posts each WRITE at once instead of from its CQ poll");
+    AddOff(app, "--no-numa", &o.numa,
+           "Client: the server's memory is not bound to its threads' NUMA nodes");
     app.add_flag("--ladder", o.ladder,
                  "Client: run once per rung of the optimization ladder, one table row each");
     AddSeconds(app, "--peer-timeout", &o.peer_timeout_s,
