@@ -1345,8 +1345,9 @@ int RunLadder(const Options& options, std::span<const uint8_t> peer) {
     }
     s.step = rungs[i].name;
     const double gbps = Gbps(s.bytes, s.seconds);
-    std::printf("| %s | %.3f | %.1f | %.4f |\n", s.step.c_str(), gbps,
-                s.link_gbps > 0 ? 100 * gbps / s.link_gbps : 0,
+    char percent[32] = "-";  // unknown without a link rate (--link-gbps)
+    if (s.link_gbps > 0) std::snprintf(percent, sizeof(percent), "%.1f", 100 * gbps / s.link_gbps);
+    std::printf("| %s | %.3f | %s | %.4f |\n", s.step.c_str(), gbps, percent,
                 s.seconds > 0 ? static_cast<double>(s.writes) / s.seconds / 1e6 : 0);
     if (options.json) PrintSummary(s, true);
     std::fflush(stdout);
