@@ -3,7 +3,10 @@
 #include "address.hpp"
 #include "error.hpp"
 
+#include <unistd.h>
+
 #include <cstring>
+#include <filesystem>
 #include <set>
 
 namespace common {
@@ -48,6 +51,22 @@ static FiInfoPtr GetInfo(const fi_info& hints, const std::string& provider) {
   if (rc == -FI_ENODATA) return nullptr;
   FI_CHECK(rc);
   return FiInfoPtr(list);
+}
+
+// shm names each endpoint's shared-memory region after the process id ("/dev/shm/PID:0:0")
+// and fails fi_enable with EBUSY when that file exists. A process killed with SIGKILL leaves
+// its files behind, so a later process that gets the same id could not start over shm. Any
+// file named with our own id was left by a dead process: remove those, once, before the
+// first endpoint.
+static void RemoveStaleShmRegions() {
+  static bool done = false;
+  if (done) return;
+  done = true;
+  const std::string prefix = std::to_string(getpid()) + ":";
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator("/dev/shm", ec))
+    if (entry.path().filename().string().rfind(prefix, 0) == 0)
+      std::filesystem::remove(entry.path(), ec);
 }
 
 std::vector<FiInfoPtr> SelectDomains(const fi_info& hints, const std::string& provider,
@@ -108,6 +127,7 @@ std::vector<FiInfoPtr> SelectDomains(const fi_info& hints, const std::string& pr
     throw UsageError("address does not fit provider " + chosen);
   }
   if (!peer.empty()) CheckAddress(peer, *domains.front());
+  if (chosen == "shm") RemoveStaleShmRegions();
   return domains;
 }
 

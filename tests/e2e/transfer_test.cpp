@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <string>
 #include <tuple>
 
@@ -203,3 +204,21 @@ TEST_P(Lanes, PrintsTheTopologyGroups) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Providers, Lanes, ::testing::Values("shm", "tcp"));
+
+// shm names an endpoint's region after the process id, and a process killed with SIGKILL
+// leaves its file in /dev/shm: a later process with the same id must still start.
+TEST(Shm, RegionLeftByADeadProcessWithOurIdIsNoObstacle) {
+  StageServer server("05_queuing", "shm", 1, {"--memory", "host"});
+  ASSERT_FALSE(server.address().empty());
+  // The shell plants a stale region under its own id, then becomes the client (same id).
+  const std::string client = StageBinary("05_queuing") + " -p shm " + server.address() +
+                             " --memory host --pages 8 -S 4k --requests 1";
+  Result r =
+      RunToEnd({"/bin/sh", "-c",
+                "head -c 4096 /dev/zero > /dev/shm/$$:0:0 && echo planted $$ && exec " + client});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_EQ(NumberAfter(r.out, "verified "), 8 * 4096) << r.out;
+  const long long pid = NumberAfter(r.out, "planted ");
+  EXPECT_FALSE(std::filesystem::exists("/dev/shm/" + std::to_string(pid) + ":0:0"));
+  EXPECT_EQ(server.Wait().exit_code, 0);
+}
