@@ -53,20 +53,20 @@ static FiInfoPtr GetInfo(const fi_info& hints, const std::string& provider) {
   return FiInfoPtr(list);
 }
 
-// shm names each endpoint's shared-memory region after the process id ("/dev/shm/PID:0:0")
-// and fails fi_enable with EBUSY when that file exists. A process killed with SIGKILL leaves
-// its files behind, so a later process that gets the same id could not start over shm. Any
-// file named with our own id was left by a dead process: remove those, once, before the
-// first endpoint.
-static void RemoveStaleShmRegions() {
-  static bool done = false;
-  if (done) return;
-  done = true;
-  const std::string prefix = std::to_string(getpid()) + ":";
+void RemoveShmRegionsOf(pid_t pid) {
+  const std::string prefix = std::to_string(pid) + ":";
   std::error_code ec;
   for (const auto& entry : std::filesystem::directory_iterator("/dev/shm", ec))
     if (entry.path().filename().string().rfind(prefix, 0) == 0)
       std::filesystem::remove(entry.path(), ec);
+}
+
+// Regions named with our own id can only have been left by a dead process: remove them,
+// once, before our first shm endpoint.
+static void RemoveStaleShmRegions() {
+  static bool done = false;
+  if (!done) RemoveShmRegionsOf(getpid());
+  done = true;
 }
 
 std::vector<FiInfoPtr> SelectDomains(const fi_info& hints, const std::string& provider,

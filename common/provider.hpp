@@ -3,6 +3,8 @@
 // unless asked for: it reaches only this host.
 #pragma once
 
+#include <sys/types.h>
+
 #include "fabric_handles.hpp"
 
 #include <span>
@@ -30,5 +32,10 @@ FiInfoPtr SelectProvider(const fi_info& hints, const std::string& provider,
 
 // Sum of the link speeds libfabric reports for these domains, in Gbit/s (0 when unknown).
 double LinkGbps(const fi_info& info);
+
+// Removes the shared-memory regions shm made for process `pid` (/dev/shm/PID:...). Only for
+// a process that is gone: a process killed with SIGKILL leaves them behind, 16 MiB each, and
+// shm cannot open an endpoint (EBUSY) for a later process that gets the same id.
+void RemoveShmRegionsOf(pid_t pid);
 
 }  // namespace common

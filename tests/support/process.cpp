@@ -1,5 +1,7 @@
 #include "process.hpp"
 
+#include "provider.hpp"
+
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -61,20 +63,11 @@ Process::Process(Process&& other) noexcept
   other.pid_ = -1;
 }
 
-// A program killed over shm leaves its shared-memory regions (/dev/shm/PID:...), 16 MiB
-// each: once it is reaped, remove them, so the tests leave nothing behind.
-static void RemoveShmRegionsOf(pid_t pid) {
-  const std::string prefix = std::to_string(pid) + ":";
-  std::error_code ec;
-  for (const auto& entry : fs::directory_iterator("/dev/shm", ec))
-    if (entry.path().filename().string().rfind(prefix, 0) == 0) fs::remove(entry.path(), ec);
-}
-
 Process::~Process() {
   if (pid_ > 0) {
     kill(pid_, SIGKILL);
     waitpid(pid_, nullptr, 0);
-    RemoveShmRegionsOf(pid_);
+    common::RemoveShmRegionsOf(pid_);
   }
   std::error_code ec;
   if (!out_path_.empty()) {
@@ -102,7 +95,7 @@ Result Process::Wait(std::chrono::duration<double> limit) {
   while (true) {
     pid_t w = waitpid(pid_, &status, WNOHANG);
     if (w == pid_) {
-      RemoveShmRegionsOf(pid_);
+      common::RemoveShmRegionsOf(pid_);
       break;
     }
     auto now = Clock::now();
