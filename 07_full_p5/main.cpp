@@ -22,7 +22,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -1102,34 +1101,6 @@ void CheckRequestSize(const Options& options) {
     throw UsageError("invalid --warmup " + std::to_string(options.warmup));
 }
 
-// --address-file for a client: its lane addresses, comma-separated hex (for tests that play
-// a client claiming another's lanes, --test-claim).
-void WriteLaneAddresses(const std::vector<Network>& lanes, const std::string& path) {
-  std::string text;
-  for (const auto& lane : lanes) text += (text.empty() ? "" : ",") + ToHex(lane.Address());
-  FILE* f = std::fopen(path.c_str(), "w");
-  if (f == nullptr) throw Error("cannot write " + path + ": " + std::strerror(errno));
-  std::fprintf(f, "%s\n", text.c_str());
-  std::fclose(f);
-}
-
-std::vector<std::vector<uint8_t>> ReadLaneAddresses(const std::string& path) {
-  FILE* f = std::fopen(path.c_str(), "r");
-  if (f == nullptr) throw UsageError("cannot read --test-claim " + path);
-  char buffer[8192] = "";
-  const size_t n = std::fread(buffer, 1, sizeof(buffer) - 1, f);
-  std::fclose(f);
-  std::vector<std::vector<uint8_t>> addresses;
-  std::string text(buffer, n);
-  while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
-  for (size_t start = 0; start <= text.size();) {
-    const size_t end = std::min(text.find(',', start), text.size());
-    addresses.push_back(FromHex(text.substr(start, end - start)));
-    start = end + 1;
-  }
-  return addresses;
-}
-
 // One client session: connect with `engine`, optionally warm every lane up, send the
 // requests, count and time the WRITEs, verify. The server opens a session of its own for it.
 Summary RunSession(const Options& options, std::span<const uint8_t> peer,
@@ -1144,7 +1115,11 @@ Summary RunSession(const Options& options, std::span<const uint8_t> peer,
   fi_addr_t server = net.AddPeerAddress(peer);
   const PageBuffer::Path path = ChoosePath(net, memory);
   if (print) PrintHeader("client", plan, wait, path);
-  if (!options.address_file.empty()) WriteLaneAddresses(lanes, options.address_file);
+  if (!options.address_file.empty()) {  // our lane addresses (tests play a thief with them)
+    std::vector<std::vector<uint8_t>> addresses;
+    for (const auto& lane : lanes) addresses.push_back(lane.Address());
+    WriteAddressList(addresses, options.address_file);
+  }
 
   // The region has room for twice the pages asked for, so the chosen pages are scattered;
   // each request gets its own share of them. One region per group, in its GPU's memory or
@@ -1251,7 +1226,7 @@ Summary RunSession(const Options& options, std::span<const uint8_t> peer,
          lanes[l].Advertise(region_mrs[l].get(), region.nic_data(), region.size())});
   }
   if (!options.test_claim.empty()) {  // lanes 1.. become another client's
-    const auto claimed = ReadLaneAddresses(options.test_claim);
+    const auto claimed = ReadAddressList(options.test_claim);
     for (size_t l = 1; l < connect.lanes.size() && l < claimed.size(); ++l)
       connect.lanes[l].address = claimed[l];
   }

@@ -4,6 +4,7 @@
 
 #include <netinet/in.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 
@@ -92,20 +93,43 @@ void CheckAddress(std::span<const uint8_t> address, const fi_info& info) {
   }
 }
 
-void PublishAddress(std::span<const uint8_t> address, const std::string& path) {
-  const std::string hex = ToHex(address);
-  std::printf("addr: %s\n", hex.c_str());
-  std::fflush(stdout);
-  if (path.empty()) return;
-  // Write to a temporary name and rename, so a reader never sees half an address.
+// Writes `text` and a newline to `path` under a temporary name, then renames it, so a
+// reader never sees half of it.
+static void WriteAtomically(const std::string& text, const std::string& path) {
   const std::string tmp = path + ".tmp";
   {
     std::ofstream out(tmp);
-    out << hex << "\n";
+    out << text << "\n";
     if (!out) throw UsageError("cannot write address file '" + path + "'");
   }
   if (std::rename(tmp.c_str(), path.c_str()) != 0)
     throw UsageError("cannot write address file '" + path + "'");
+}
+
+void PublishAddress(std::span<const uint8_t> address, const std::string& path) {
+  const std::string hex = ToHex(address);
+  std::printf("addr: %s\n", hex.c_str());
+  std::fflush(stdout);
+  if (!path.empty()) WriteAtomically(hex, path);
+}
+
+void WriteAddressList(const std::vector<std::vector<uint8_t>>& addresses, const std::string& path) {
+  std::string text;
+  for (const auto& a : addresses) text += (text.empty() ? "" : ",") + ToHex(a);
+  WriteAtomically(text, path);
+}
+
+std::vector<std::vector<uint8_t>> ReadAddressList(const std::string& path) {
+  std::ifstream in(path);
+  std::string line;
+  if (!in || !std::getline(in, line)) throw UsageError("cannot read address file '" + path + "'");
+  std::vector<std::vector<uint8_t>> addresses;
+  for (size_t start = 0; start <= line.size();) {
+    const size_t end = std::min(line.find(',', start), line.size());
+    addresses.push_back(FromHex(line.substr(start, end - start)));
+    start = end + 1;
+  }
+  return addresses;
 }
 
 }  // namespace common

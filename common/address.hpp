@@ -29,4 +29,8 @@ void CheckAddress(std::span<const uint8_t> address, const fi_info& info);
 // Prints "addr: <hex>" and, when `path` is not empty, writes the hex (and a newline) there.
 void PublishAddress(std::span<const uint8_t> address, const std::string& path);
 
+// Several addresses (a client's lanes) as one line of comma-separated hex, and back.
+void WriteAddressList(const std::vector<std::vector<uint8_t>>& addresses, const std::string& path);
+std::vector<std::vector<uint8_t>> ReadAddressList(const std::string& path);
+
 }  // namespace common

@@ -2,6 +2,8 @@
 
 #include <netinet/in.h>
 
+#include <cstdio>
+
 #include "address.hpp"
 #include "error.hpp"
 #include "fabric_handles.hpp"
@@ -65,4 +67,13 @@ TEST(Address, CheckAddressAgainstProviderFormat) {
   good.pop_back();  // no terminating NUL
   EXPECT_THROW(CheckAddress(good, *info), UsageError);
   EXPECT_THROW(CheckAddress(std::vector<uint8_t>{0x01, 0x02, 0x00}, *info), UsageError);
+}
+
+TEST(Address, ListRoundTripsThroughAFile) {
+  const std::string path = testing::TempDir() + "address_list_test";
+  const std::vector<std::vector<uint8_t>> lanes = {{0x02, 0x00, 0xab}, {0xff}, {0x10, 0x20}};
+  WriteAddressList(lanes, path);
+  EXPECT_EQ(ReadAddressList(path), lanes);
+  std::remove(path.c_str());
+  EXPECT_THROW(ReadAddressList(path), UsageError);  // gone: one clear error
 }
