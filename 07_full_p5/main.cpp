@@ -1005,10 +1005,12 @@ int ServerMain(const Options& options) {
         } catch (const Error& e) {
           why = e.what();
         }
-        if (session && !session->failure.empty()) {
+        if (session) {
+          std::lock_guard lock(session->mutex);  // its threads may still be writing it
           why = session->failure;
-          StopSession(*session);
         }
+        if (session && !why.empty() && !StopSession(*session))
+          abandoned.push_back(std::move(session));  // a thread is stuck in the provider
         if (!why.empty()) {
           refuse(id, arrivals, 0, "could not open a session: " + why);
           continue;
