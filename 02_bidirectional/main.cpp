@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <functional>
 #include <map>
 #include <span>
@@ -57,7 +58,8 @@ struct Op {
   OpKind kind = OpKind::kRecv;
   uint8_t* buffer = nullptr;
   size_t length = 0;
-  void* desc = nullptr;  // local descriptor of the registered buffer (FI_MR_LOCAL)
+  void* desc = nullptr;             // local descriptor of the registered buffer (FI_MR_LOCAL)
+  fi_addr_t peer = FI_ADDR_UNSPEC;  // where a SEND goes: whom its failure concerns
 };
 
 Op* OpOf(void* context) {
@@ -72,8 +74,8 @@ class Network {
   MrPtr RegisterMemory(void* data, size_t size, uint64_t access);
   void PostRecv(Op& op);
   bool PostSend(Op& op, fi_addr_t dest);
-  size_t PollCompletion(
-      const std::function<void(Op&, const fi_cq_data_entry&, fi_addr_t)>& on_done);
+  size_t PollCompletion(const std::function<void(Op&, const fi_cq_data_entry&, fi_addr_t)>& on_done,
+                        const std::function<void(Op*, const std::string&)>& on_error);
 
   // Declared in creation order, so they are closed in reverse.
   FiInfoPtr info;
@@ -89,11 +91,11 @@ Network Network::Open(const Options& options, std::span<const uint8_t> peer) {
   hints->ep_attr->type = FI_EP_RDM;  // reliable, unconnected: one endpoint talks to many
   hints->caps = FI_MSG | FI_SOURCE;  // FI_SOURCE: completions name the sender
   hints->mode = FI_CONTEXT | FI_CONTEXT2;
-  // The memory-registration modes this program honours; efa asks for all of them.
+  // The memory-registration modes this program honours; efa-direct asks for all of them.
   hints->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY;
 
   Network net;
-  net.info = SelectProvider(*hints, options.provider, options.domain, peer);
+  net.info = SelectProvider(*hints, options, peer);
   fid_fabric* fabric = nullptr;
   FI_CHECK(fi_fabric(net.info->fabric_attr, &fabric, nullptr));
   net.fabric.reset(fabric);
@@ -133,6 +135,7 @@ std::vector<uint8_t> Network::Address() const {
 }
 
 fi_addr_t Network::AddPeerAddress(std::span<const uint8_t> address) {
+  CheckAddress(address, *info);  // a peer's address has this provider's shape, or is refused
   fi_addr_t addr = FI_ADDR_UNSPEC;
   int inserted = fi_av_insert(av.get(), address.data(), 1, &addr, 0, nullptr);
   if (inserted != 1) throw Error("fi_av_insert: the peer address was not accepted");
@@ -158,49 +161,76 @@ void Network::PostRecv(Op& op) {
 // False when the provider's queue is full (-FI_EAGAIN): poll completions, then try again.
 bool Network::PostSend(Op& op, fi_addr_t dest) {
   op.kind = OpKind::kSend;
+  op.peer = dest;
   ssize_t rc = fi_send(ep.get(), op.buffer, op.length, op.desc, dest, &op.context);
   if (rc == -FI_EAGAIN) return false;
   FI_CHECK(rc);
   return true;
 }
 
+// Reads finished operations: on_done for each one, on_error for one that failed.
 size_t Network::PollCompletion(
-    const std::function<void(Op&, const fi_cq_data_entry&, fi_addr_t)>& on_done) {
+    const std::function<void(Op&, const fi_cq_data_entry&, fi_addr_t)>& on_done,
+    const std::function<void(Op*, const std::string&)>& on_error) {
   fi_cq_data_entry entries[kCqBatch];
   fi_addr_t sources[kCqBatch];  // the sender's AV entry, or FI_ADDR_NOTAVAIL if not inserted
   ssize_t n = fi_cq_readfrom(cq.get(), entries, kCqBatch, sources);
   if (n == -FI_EAGAIN) return 0;
   if (n == -FI_EAVAIL) {
     fi_cq_err_entry err{};
-    fi_cq_readerr(cq.get(), &err, 0);
+    FI_CHECK(fi_cq_readerr(cq.get(), &err, 0));
     char detail[256] = "";
     fi_cq_strerror(cq.get(), err.prov_errno, err.err_data, detail, sizeof(detail));
-    throw Error(std::string("operation failed: ") + fi_strerror(err.err) + " (" + detail + ")");
+    on_error(OpOf(err.op_context), std::string(fi_strerror(err.err)) + " (" + detail + ")");
+    return 1;
   }
   FI_CHECK(n);
   for (ssize_t i = 0; i < n; ++i) on_done(*OpOf(entries[i].op_context), entries[i], sources[i]);
   return static_cast<size_t>(n);
 }
 
-// Writes a message into `op`'s buffer and SENDs it, polling while the queue is full.
-void SendMessage(Network& net, Op& op, fi_addr_t dest, MessageType type,
-                 std::span<const uint8_t> payload, const std::function<void()>& progress) {
+// Writes a message into a free send buffer and SENDs it, polling while none is free or the
+// queue is full, for at most `limit`. False when it gave up: a peer that does not take our
+// messages is dropped, never waited for.
+bool SendMessage(Network& net, std::vector<Op*>& free_sends, fi_addr_t dest, MessageType type,
+                 std::span<const uint8_t> payload, const std::function<void()>& progress,
+                 Clock::duration limit) {
+  const auto deadline = Clock::now() + limit;
+  while (free_sends.empty()) {
+    if (Clock::now() > deadline) return false;
+    progress();
+  }
+  Op& op = *free_sends.back();
+  free_sends.pop_back();
   MessageHeader header{type, static_cast<uint32_t>(payload.size())};
   std::memcpy(op.buffer, &header, sizeof(header));
   std::memcpy(op.buffer + sizeof(header), payload.data(), payload.size());
   op.length = sizeof(header) + payload.size();
-  while (!net.PostSend(op, dest)) progress();
+  while (!net.PostSend(op, dest)) {
+    if (Clock::now() > deadline) {
+      free_sends.push_back(&op);  // never posted: free again
+      return false;
+    }
+    progress();
+  }
+  return true;
 }
 
+struct Received {
+  std::vector<uint8_t> bytes;
+  fi_addr_t source;
+};
+
 int ServerMain(const Options& options) {
-  InstallStopHandlers();
+  InstallStopHandlers(kProgram);
   Network net = Network::Open(options, {});
   std::printf("provider: %s, domain: %s\n", net.info->fabric_attr->prov_name,
               net.info->domain_attr->name);
   PublishAddress(net.Address(), options.address_file);
+  const auto limit =
+      std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(options.timeout_s));
 
-  // Receive buffers first, then one send buffer per receive: a reply never waits for a
-  // buffer, because each answers exactly one received message.
+  // Receive buffers first, then one send buffer per receive.
   HostBuffer buffers(2 * kRecvDepth * kMessageBytes);
   MrPtr mr = net.RegisterMemory(buffers.data(), buffers.size(), FI_RECV | FI_SEND);
   std::vector<Op> recvs(kRecvDepth), sends(kRecvDepth);
@@ -214,48 +244,78 @@ int ServerMain(const Options& options) {
     free_sends.push_back(&sends[i]);
   }
 
+  // The completion callback only collects messages; the main loop answers them. Answering
+  // from inside the callback would poll (to wait for a send buffer) inside a poll.
   uint64_t served = 0;
-  std::function<void(Op&, const fi_cq_data_entry&, fi_addr_t)> on_done;
-  auto progress = [&] { net.PollCompletion(on_done); };
-  on_done = [&](Op& op, const fi_cq_data_entry& done, fi_addr_t source) {
+  std::deque<Received> inbox;
+  auto on_done = [&](Op& op, const fi_cq_data_entry& done, fi_addr_t source) {
     if (op.kind == OpKind::kSend) {
       free_sends.push_back(&op);
       return;
     }
-    MessageHeader header{};
-    std::memcpy(&header, op.buffer, std::min(done.len, sizeof(header)));
-    const uint8_t* payload = op.buffer + sizeof(header);
-    if (done.len < sizeof(header) || header.length != done.len - sizeof(header)) {
-      std::printf("dropped a malformed message of %zu bytes\n", done.len);
-    } else if (header.type == MessageType::kConnect) {
-      fi_addr_t client = net.AddPeerAddress({payload, header.length});
-      std::printf("client %llu connected\n", static_cast<unsigned long long>(client));
-      // ACCEPT: only now may the client send more. A message read in the same batch as
-      // its sender's CONNECT would come from FI_ADDR_NOTAVAIL.
-      while (free_sends.empty()) progress();
-      Op* accept = free_sends.back();
-      free_sends.pop_back();
-      SendMessage(net, *accept, client, MessageType::kAccept, {}, progress);
-    } else if (source == FI_ADDR_NOTAVAIL) {
-      std::printf("dropped a message from a client that did not CONNECT\n");
-    } else if (header.type == MessageType::kText) {
-      std::string text(reinterpret_cast<const char*>(payload), header.length);
-      std::printf("client %llu: %s\n", static_cast<unsigned long long>(source), text.c_str());
-      std::reverse(text.begin(), text.end());
-      while (free_sends.empty()) progress();
-      Op* reply = free_sends.back();
-      free_sends.pop_back();
-      SendMessage(net, *reply, source, MessageType::kReply,
-                  {reinterpret_cast<const uint8_t*>(text.data()), text.size()}, progress);
-    } else if (header.type == MessageType::kBye) {
-      std::printf("client %llu done\n", static_cast<unsigned long long>(source));
-      fi_av_remove(net.av.get(), &source, 1, 0);
-      ++served;
-    }
-    std::fflush(stdout);
+    inbox.push_back({{op.buffer, op.buffer + done.len}, source});
     net.PostRecv(op);  // hand the buffer back before the next message needs it
   };
-  while (!StopRequested() && (options.max_clients == 0 || served < options.max_clients)) progress();
+  // A failure concerns one message or one peer: say so, and keep serving.
+  auto on_error = [&](Op* op, const std::string& error) {
+    if (op != nullptr && op->kind == OpKind::kRecv) {
+      std::printf("dropped a message: %s\n", error.c_str());
+      net.PostRecv(*op);
+    } else if (op != nullptr) {
+      std::printf("client %llu: a SEND failed: %s\n", static_cast<unsigned long long>(op->peer),
+                  error.c_str());
+      free_sends.push_back(op);
+    }
+    std::fflush(stdout);
+  };
+  auto progress = [&] { net.PollCompletion(on_done, on_error); };
+  auto answer = [&](fi_addr_t dest, MessageType type, std::span<const uint8_t> payload) {
+    if (!SendMessage(net, free_sends, dest, type, payload, progress, limit))
+      std::printf("client %llu does not take our messages\n",
+                  static_cast<unsigned long long>(dest));
+  };
+
+  while (!StopRequested() && (options.exit_after == 0 || served < options.exit_after)) {
+    progress();
+    while (!inbox.empty()) {
+      Received m = std::move(inbox.front());
+      inbox.pop_front();
+      MessageHeader header{};
+      std::memcpy(&header, m.bytes.data(), std::min(m.bytes.size(), sizeof(header)));
+      const uint8_t* payload = m.bytes.data() + sizeof(header);
+      if (m.bytes.size() < sizeof(header) || header.length != m.bytes.size() - sizeof(header)) {
+        std::printf("dropped a malformed message of %zu bytes\n", m.bytes.size());
+      } else if (header.type == MessageType::kConnect) {
+        fi_addr_t client = FI_ADDR_UNSPEC;
+        try {
+          client = net.AddPeerAddress({payload, header.length});
+        } catch (const Error& e) {
+          std::printf("dropped a CONNECT: %s\n", e.what());
+          continue;
+        }
+        std::printf("client %llu connected\n", static_cast<unsigned long long>(client));
+        // ACCEPT: only now may the client send more. A message read in the same batch as
+        // its sender's CONNECT would come from FI_ADDR_NOTAVAIL.
+        answer(client, MessageType::kAccept, {});
+      } else if (m.source == FI_ADDR_NOTAVAIL) {
+        std::printf("dropped a message from a client that did not CONNECT\n");
+      } else if (header.type == MessageType::kText) {
+        std::string text(reinterpret_cast<const char*>(payload), header.length);
+        std::printf("client %llu: %s\n", static_cast<unsigned long long>(m.source), text.c_str());
+        std::reverse(text.begin(), text.end());
+        answer(m.source, MessageType::kReply,
+               {reinterpret_cast<const uint8_t*>(text.data()), text.size()});
+      } else if (header.type == MessageType::kBye) {
+        std::printf("client %llu done\n", static_cast<unsigned long long>(m.source));
+        // Our answers to it leave the AV with it: let them complete first (bounded).
+        const auto deadline = Clock::now() + limit;
+        while (free_sends.size() < sends.size() && Clock::now() < deadline) progress();
+        fi_av_remove(net.av.get(), &m.source, 1, 0);
+        ++served;
+      }
+      std::fflush(stdout);
+    }
+  }
   std::printf("served %llu clients\n", static_cast<unsigned long long>(served));
   return kExitOk;
 }
@@ -280,7 +340,10 @@ int ClientMain(const Options& options) {
   }
   net.PostRecv(recv);  // posted before we ask, so the answer always finds a buffer
 
-  const auto deadline = Clock::now() + std::chrono::duration<double>(options.timeout_s);
+  const auto limit =
+      std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(options.timeout_s));
+  const auto deadline = Clock::now() + limit;
+  std::vector<Op*> free_sends = {&connect, &text, &bye};
   size_t sends_done = 0;
   std::string answer;
   bool accepted = false, answered = false;
@@ -302,22 +365,30 @@ int ClientMain(const Options& options) {
     answer.assign(reinterpret_cast<const char*>(op.buffer + sizeof(header)), header.length);
     answered = true;
   };
+  auto on_error = [&](Op*, const std::string& error) {
+    throw Error("an operation failed: " + error);
+  };
   auto progress = [&] {
-    net.PollCompletion(on_done);
+    net.PollCompletion(on_done, on_error);
     if (Clock::now() > deadline)
       throw Error("no answer from the server within " + std::to_string(options.timeout_s) +
                   " s (is it running at that address?)");
   };
+  // Each of our three messages has a buffer of its own: taken in order, never given back.
+  std::reverse(free_sends.begin(), free_sends.end());
+  auto send = [&](MessageType type, std::span<const uint8_t> payload) {
+    if (!SendMessage(net, free_sends, server, type, payload, progress, limit))
+      throw Error("the server does not take our messages");
+  };
 
-  SendMessage(net, connect, server, MessageType::kConnect, net.Address(), progress);
+  send(MessageType::kConnect, net.Address());
   while (!accepted) progress();  // our address is in the server's AV now
-  SendMessage(net, text, server, MessageType::kText,
-              {reinterpret_cast<const uint8_t*>(options.text.data()), options.text.size()},
-              progress);
+  send(MessageType::kText,
+       {reinterpret_cast<const uint8_t*>(options.text.data()), options.text.size()});
   while (!answered) progress();
   std::printf("answer: %s\n", answer.c_str());
   std::fflush(stdout);
-  SendMessage(net, bye, server, MessageType::kBye, {}, progress);
+  send(MessageType::kBye, {});
   while (sends_done < 3) progress();
   return kExitOk;
 }

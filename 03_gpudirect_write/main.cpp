@@ -5,7 +5,9 @@
 // random pages of that region. The server fills its source pages from the request's seed and
 // WRITEs each one straight into the client's region; the client's CPU copies nothing. Each
 // WRITE carries immediate data naming the request, so the client counts completions until
-// every page has arrived, and then checks every byte. The walkthrough is in README.md.
+// every page has arrived, and then checks every byte. The server faces the network: whatever
+// a client sends or however it dies, the server drops that client and serves the next one.
+// The walkthrough is in README.md.
 
 #include <rdma/fabric.h>
 #include <rdma/fi_cm.h>
@@ -21,42 +23,48 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "address.hpp"
+#include "completion.hpp"
 #include "error.hpp"
 #include "fabric_handles.hpp"
 #include "host_buffer.hpp"
+#include "mailbox.hpp"
 #include "options.hpp"
 #include "page_buffer.hpp"
 #include "page_data.hpp"
 #include "program.hpp"
 #include "protocol.hpp"
 #include "provider.hpp"
+#include "registration.hpp"
 
 using namespace common;
 
 namespace {
 
 constexpr const char* kProgram = "03_gpudirect_write";
-constexpr size_t kMessageBytes = wire::kMaxMessageBytes;  // every message buffer has this size
-constexpr size_t kRecvDepth = 8;                          // receives each side keeps posted
-constexpr size_t kCqBatch = 16;                           // completions read per fi_cq_read
+constexpr size_t kRecvDepth = 8;  // receives each side keeps posted
 
 using Clock = std::chrono::steady_clock;
 
 // One posted operation. libfabric hands `context` back in the completion (FI_CONTEXT2 mode
 // reserves it for the provider), and from it we find the whole Op again.
 enum class OpKind { kRecv, kSend, kWrite };
+struct Request;
 
 struct Op {
   fi_context2 context{};
   OpKind kind = OpKind::kRecv;
   uint8_t* buffer = nullptr;
   size_t length = 0;
-  void* desc = nullptr;  // local descriptor of the registered buffer (FI_MR_LOCAL)
+  void* desc = nullptr;             // local descriptor of the registered buffer (FI_MR_LOCAL)
+  fi_addr_t peer = FI_ADDR_UNSPEC;  // where a SEND or WRITE goes: whom its failure concerns
+  Request* request = nullptr;       // the request a WRITE belongs to
 };
 
 Op* OpOf(void* context) {
@@ -65,19 +73,25 @@ Op* OpOf(void* context) {
 
 class Network {
  public:
-  static Network Open(const Options& options, std::span<const uint8_t> peer, bool gpu_memory);
+  static Network Open(const Options& options, std::span<const uint8_t> peer, MemoryKind memory);
   std::vector<uint8_t> Address() const;
   fi_addr_t AddPeerAddress(std::span<const uint8_t> address);
-  MrPtr RegisterMemory(void* data, size_t size, uint64_t access, const CudaBuffer* gpu = nullptr);
-  bool TakesCudaMemory();
   wire::RemoteRegion Advertise(fid_mr* mr, const void* data, size_t size) const;
   void PostRecv(Op& op);
   bool PostSend(Op& op, fi_addr_t dest);
   bool PostWrite(Op& op, fi_addr_t dest, const wire::RemoteRegion& region, uint64_t offset,
                  uint32_t immediate);
-  // Remote writes complete with op == nullptr: no operation of ours was posted for them.
-  size_t PollCompletion(
-      const std::function<void(Op*, const fi_cq_data_entry&, fi_addr_t)>& on_done);
+  // on_done(op, entry, source) for each completion, with op == nullptr for a remote write into
+  // our memory (no operation of ours was posted for it); on_error(op, error) for a failure.
+  template <typename OnDone, typename OnError>
+  size_t PollCompletion(OnDone&& on_done, OnError&& on_error) {
+    return ReadCompletions(
+        cq.get(), true,
+        [&](const fi_cq_data_entry& e, fi_addr_t source) {
+          on_done(IsRemoteWrite(e) ? nullptr : OpOf(e.op_context), e, source);
+        },
+        [&](const CompletionError& e) { on_error(OpOf(e.op_context), e); });
+  }
 
   // Declared in creation order, so they are closed in reverse.
   FiInfoPtr info;
@@ -86,33 +100,31 @@ class Network {
   CqPtr cq;
   AvPtr av;
   EpPtr ep;
-  uint64_t next_key = 1;  // keys we choose when the provider does not (no FI_MR_PROV_KEY)
+  MemoryPath memory;  // where our pages live and how they reach the NIC (common/registration)
 };
 
-Network Network::Open(const Options& options, std::span<const uint8_t> peer, bool gpu_memory) {
+Network Network::Open(const Options& options, std::span<const uint8_t> peer, MemoryKind memory) {
   FiInfoPtr hints(fi_allocinfo());
   hints->ep_attr->type = FI_EP_RDM;           // reliable, unconnected: one endpoint talks to many
   hints->caps = FI_MSG | FI_SOURCE | FI_RMA;  // FI_SOURCE: completions name the sender
-  if (gpu_memory) hints->caps |= FI_HMEM;     // ask for providers that can take GPU memory
+  // GPU memory: ask for providers that can take it (FI_HMEM), unless told to stage it.
+  if (memory == MemoryKind::kCuda && options.gpu_path != GpuPathMode::kStaged)
+    hints->caps |= FI_HMEM;
   hints->mode = FI_CONTEXT | FI_CONTEXT2;
-  // The memory-registration modes this program honours; efa asks for all of them.
+  // The memory-registration modes this program honours (efa-direct asks for all of them).
   hints->domain_attr->mr_mode =
       FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_HMEM;
 
   Network net;
-  try {
-    net.info = SelectProvider(*hints, options.provider, options.domain, peer);
-  } catch (const UsageError&) {
-    if (!gpu_memory) throw;
-    hints->caps &= ~FI_HMEM;  // no HMEM provider: we will stage through host memory
-    net.info = SelectProvider(*hints, options.provider, options.domain, peer);
-  }
+  std::string no_hmem;  // why FI_HMEM was left out, if it was: the pages are then staged
+  net.info = SelectProvider(*hints, options, peer, &no_hmem);
   fid_fabric* fabric = nullptr;
   FI_CHECK(fi_fabric(net.info->fabric_attr, &fabric, nullptr));
   net.fabric.reset(fabric);
   fid_domain* domain = nullptr;
   FI_CHECK(fi_domain(net.fabric.get(), net.info.get(), &domain, nullptr));
   net.domain.reset(domain);
+  net.memory = ChooseMemoryPath(net.domain.get(), *net.info, memory, options.gpu_path, no_hmem);
 
   fi_cq_attr cq_attr{};
   cq_attr.format = FI_CQ_FORMAT_DATA;  // with the immediate data of remote writes
@@ -146,58 +158,16 @@ std::vector<uint8_t> Network::Address() const {
 }
 
 fi_addr_t Network::AddPeerAddress(std::span<const uint8_t> address) {
+  CheckAddress(address, *info);  // a peer's address has this provider's shape, or is refused
   fi_addr_t addr = FI_ADDR_UNSPEC;
   int inserted = fi_av_insert(av.get(), address.data(), 1, &addr, 0, nullptr);
   if (inserted != 1) throw Error("fi_av_insert: the peer address was not accepted");
   return addr;
 }
 
-// GPU memory is registered with its interface and device (FI_HMEM_CUDA), as a dmabuf where
-// both libfabric and the driver offer one: the NIC then reads and writes GPU memory directly.
-MrPtr Network::RegisterMemory(void* data, size_t size, uint64_t access, const CudaBuffer* gpu) {
-  fi_mr_attr attr{};
-  iovec iov{data, size};
-  attr.mr_iov = &iov;
-  attr.iov_count = 1;
-  attr.access = access;
-  attr.requested_key = next_key++;
-  uint64_t flags = 0;
-  UniqueFd dmabuf_fd;
-  if (gpu != nullptr) {
-    attr.iface = FI_HMEM_CUDA;
-    attr.device.cuda = gpu->device();
-#ifdef FI_MR_DMABUF
-    fi_mr_dmabuf dmabuf{};
-    dmabuf_fd = gpu->ExportDmabuf();
-    if (dmabuf_fd.get() >= 0) {
-      dmabuf.fd = dmabuf_fd.get();
-      dmabuf.len = size;
-      dmabuf.base_addr = data;
-      attr.dmabuf = &dmabuf;
-      flags |= FI_MR_DMABUF;
-    }
-#endif
-  }
-  fid_mr* mr = nullptr;
-  FI_CHECK(fi_mr_regattr(domain.get(), &attr, flags, &mr));
-  return MrPtr(mr);
-}
-
-// Offering FI_HMEM is not enough: a libfabric built without CUDA support (Debian's and
-// Ubuntu's) refuses to register CUDA memory. Try once with a small buffer.
-bool Network::TakesCudaMemory() {
-  if (!(info->caps & FI_HMEM)) return false;
-  CudaBuffer probe(1 << 20, 0);
-  try {
-    RegisterMemory(probe.data(), probe.size(), FI_REMOTE_WRITE, &probe);
-    return true;
-  } catch (const Error&) {
-    return false;
-  }
-}
-
 // What the writer needs to reach our region: with FI_MR_VIRT_ADDR, remote addresses are
-// virtual addresses; otherwise (tcp without it, for example) offsets from 0.
+// virtual addresses; otherwise (tcp without it, for example) offsets from 0. The key is the
+// provider's, or the random one common/registration chose for us.
 wire::RemoteRegion Network::Advertise(fid_mr* mr, const void* data, size_t size) const {
   const bool virt = info->domain_attr->mr_mode & FI_MR_VIRT_ADDR;
   return {virt ? reinterpret_cast<uint64_t>(data) : 0, size, fi_mr_key(mr)};
@@ -205,12 +175,14 @@ wire::RemoteRegion Network::Advertise(fid_mr* mr, const void* data, size_t size)
 
 void Network::PostRecv(Op& op) {
   op.kind = OpKind::kRecv;
-  FI_CHECK(fi_recv(ep.get(), op.buffer, kMessageBytes, op.desc, FI_ADDR_UNSPEC, &op.context));
+  FI_CHECK(
+      fi_recv(ep.get(), op.buffer, wire::kMaxMessageBytes, op.desc, FI_ADDR_UNSPEC, &op.context));
 }
 
 // False when the provider's queue is full (-FI_EAGAIN): poll completions, then try again.
 bool Network::PostSend(Op& op, fi_addr_t dest) {
   op.kind = OpKind::kSend;
+  op.peer = dest;
   ssize_t rc = fi_send(ep.get(), op.buffer, op.length, op.desc, dest, &op.context);
   if (rc == -FI_EAGAIN) return false;
   FI_CHECK(rc);
@@ -221,6 +193,7 @@ bool Network::PostSend(Op& op, fi_addr_t dest) {
 bool Network::PostWrite(Op& op, fi_addr_t dest, const wire::RemoteRegion& region, uint64_t offset,
                         uint32_t immediate) {
   op.kind = OpKind::kWrite;
+  op.peer = dest;
   ssize_t rc = fi_writedata(ep.get(), op.buffer, op.length, op.desc, immediate, dest,
                             region.address + offset, region.key, &op.context);
   if (rc == -FI_EAGAIN) return false;
@@ -228,68 +201,14 @@ bool Network::PostWrite(Op& op, fi_addr_t dest, const wire::RemoteRegion& region
   return true;
 }
 
-size_t Network::PollCompletion(
-    const std::function<void(Op*, const fi_cq_data_entry&, fi_addr_t)>& on_done) {
-  fi_cq_data_entry entries[kCqBatch];
-  fi_addr_t sources[kCqBatch];  // the sender's AV entry, or FI_ADDR_NOTAVAIL if not inserted
-  ssize_t n = fi_cq_readfrom(cq.get(), entries, kCqBatch, sources);
-  if (n == -FI_EAGAIN) return 0;
-  if (n == -FI_EAVAIL) {
-    fi_cq_err_entry err{};
-    fi_cq_readerr(cq.get(), &err, 0);
-    char detail[256] = "";
-    fi_cq_strerror(cq.get(), err.prov_errno, err.err_data, detail, sizeof(detail));
-    throw Error(std::string("operation failed: ") + fi_strerror(err.err) + " (" + detail + ")");
-  }
-  FI_CHECK(n);
-  for (ssize_t i = 0; i < n; ++i) {
-    Op* op = (entries[i].flags & FI_REMOTE_CQ_DATA) ? nullptr : OpOf(entries[i].op_context);
-    on_done(op, entries[i], sources[i]);
-  }
-  return static_cast<size_t>(n);
-}
+// The control messages: receives kept posted, and a queue of messages to send that never
+// makes us wait (common/mailbox.hpp).
+using Mail = Mailbox<Network, Op>;
 
-// Message buffers of one side: receives kept posted, and send buffers handed out as needed.
-struct Mailbox {
-  Mailbox(Network& net, size_t sends)
-      : buffers((kRecvDepth + sends) * kMessageBytes),
-        mr(net.RegisterMemory(buffers.data(), buffers.size(), FI_RECV | FI_SEND)),
-        recvs(kRecvDepth),
-        sends(sends) {
-    for (size_t i = 0; i < recvs.size() + sends; ++i) {
-      Op& op = i < recvs.size() ? recvs[i] : this->sends[i - recvs.size()];
-      op.buffer = buffers.data() + i * kMessageBytes;
-      op.desc = fi_mr_desc(mr.get());
-    }
-    for (auto& op : recvs) net.PostRecv(op);
-    for (auto& op : this->sends) free_sends.push_back(&op);
-  }
-  HostBuffer buffers;
-  MrPtr mr;
-  std::vector<Op> recvs, sends;
-  std::vector<Op*> free_sends;
-};
-
-// Encodes a message into a free send buffer and SENDs it, polling while none is free.
-void SendMessage(Network& net, Mailbox& mail, fi_addr_t dest, const wire::Message& message,
-                 const std::function<void()>& progress) {
-  const std::vector<uint8_t> bytes = wire::Encode(message);
-  while (mail.free_sends.empty()) progress();
-  Op* op = mail.free_sends.back();
-  mail.free_sends.pop_back();
-  std::memcpy(op->buffer, bytes.data(), bytes.size());
-  op->length = bytes.size();
-  while (!net.PostSend(*op, dest)) progress();
-}
-
-PageBuffer::Path ChoosePath(Network& net, MemoryKind memory) {
-  if (memory == MemoryKind::kHost) return PageBuffer::Path::kHost;
-  return net.TakesCudaMemory() ? PageBuffer::Path::kGpuDirect : PageBuffer::Path::kGpuStaged;
-}
-
-void PrintHeader(const char* role, const Network& net, PageBuffer::Path path) {
+void PrintHeader(const char* role, const Network& net) {
   std::printf("%s %s: provider %s, domain %s, pages in %s\n", kProgram, role,
-              net.info->fabric_attr->prov_name, net.info->domain_attr->name, PathName(path));
+              net.info->fabric_attr->prov_name, net.info->domain_attr->name,
+              DescribeMemoryPath(net.memory).c_str());
   std::fflush(stdout);
 }
 
@@ -303,66 +222,175 @@ struct Received {
   fi_addr_t source;
 };
 
-// Writes every page of one request into the client's region, `repeat` times over.
-void ServeTransfer(Network& net, PageBuffer::Path path, const Client& client, fi_addr_t dest,
-                   const wire::Transfer& request, uint64_t& writes_done,
-                   const std::function<void()>& progress) {
-  const size_t count = request.pages.size(), page_size = request.page_size;
-  PageBuffer source(count * page_size, path);
+// The one TRANSFER being served: its source pages, registered, and its WRITEs. It outlives
+// an abandoned transfer while the provider still holds some of its WRITEs.
+struct Request {
+  fi_addr_t client = FI_ADDR_UNSPEC;
+  wire::RemoteRegion region;
+  wire::Transfer transfer;
+  PageBuffer source;
+  MrPtr mr;
+  std::vector<Op> writes;
+  uint64_t completed = 0, in_flight = 0;
+  std::string failure;  // a WRITE failed: why
+  Clock::time_point first_post, last_completion = Clock::now(), abandoned_at{};
+};
+
+// Fills the request's source pages from its seed and registers them.
+std::unique_ptr<Request> PrepareRequest(Network& net, const Client& client, fi_addr_t dest,
+                                        wire::Transfer transfer) {
+  const size_t count = transfer.pages.size(), page_size = transfer.page_size;
+  auto r = std::make_unique<Request>();
+  r->client = dest;
+  r->region = client.region;
+  r->transfer = std::move(transfer);
+  r->source = PageBuffer(count * page_size, net.memory.path);
   HostBuffer page(page_size);
   for (size_t i = 0; i < count; ++i) {
-    FillPage({page.data(), page_size}, request.seed, request.pages[i]);
-    source.Write(i * page_size, {page.data(), page_size});
+    FillPage({page.data(), page_size}, r->transfer.seed, r->transfer.pages[i]);
+    r->source.Write(i * page_size, {page.data(), page_size});
   }
-  source.SyncToNic();
-  MrPtr mr = net.RegisterMemory(source.nic_data(), source.size(), FI_WRITE,
-                                path == PageBuffer::Path::kGpuDirect ? &source.gpu() : nullptr);
-  std::vector<Op> writes(count);
+  r->source.SyncToNic();
+  r->mr = RegisterPages(net.domain.get(), *net.info, r->source, FI_WRITE);
+  r->writes.resize(count);
   for (size_t i = 0; i < count; ++i) {
-    writes[i].buffer = static_cast<uint8_t*>(source.nic_data()) + i * page_size;
-    writes[i].length = page_size;
-    writes[i].desc = fi_mr_desc(mr.get());
+    r->writes[i].buffer = static_cast<uint8_t*>(r->source.nic_data()) + i * page_size;
+    r->writes[i].length = page_size;
+    r->writes[i].desc = fi_mr_desc(r->mr.get());
+    r->writes[i].request = r.get();
   }
-  for (uint64_t round = 0; round < request.repeat; ++round) {
-    writes_done = 0;
-    for (size_t i = 0; i < count; ++i) {
-      while (!net.PostWrite(writes[i], dest, client.region, request.pages[i] * page_size,
-                            request.request_id))
+  return r;
+}
+
+// Writes every page of the request into the client's region, `repeat` times over, one round
+// after another. Gives up, leaving WRITEs the provider still holds to complete later, when a
+// WRITE fails, no WRITE completes for `limit`, `stop()` says so (its client left, or the
+// server is stopping) or the server is told to stop. Returns why it gave up ("" when done).
+std::string ServeTransfer(Network& net, Request& r, const std::function<void()>& progress,
+                          const std::function<bool()>& stop, Clock::duration limit) {
+  const wire::Transfer& t = r.transfer;
+  r.first_post = r.last_completion = Clock::now();
+  for (uint64_t round = 0; round < t.repeat; ++round) {
+    r.completed = 0;
+    for (Op& op : r.writes) {
+      const uint64_t offset = t.pages[&op - r.writes.data()] * t.page_size;
+      while (!net.PostWrite(op, r.client, r.region, offset, t.request_id)) {
         progress();
+        if (!r.failure.empty()) return r.failure;
+        if (stop()) return "stopped";
+        if (Clock::now() - r.last_completion > limit) return "no WRITE completed in time";
+      }
+      ++r.in_flight;
     }
-    while (writes_done < count) progress();  // every Op is busy until its WRITE completes
+    while (r.completed < r.writes.size()) {  // every Op is busy until its WRITE completes
+      progress();
+      if (!r.failure.empty()) return r.failure;
+      if (stop()) return "stopped";
+      if (Clock::now() - r.last_completion > limit) return "no WRITE completed in time";
+    }
   }
+  return "";
 }
 
 int ServerMain(const Options& options) {
-  InstallStopHandlers();
-  const MemoryKind memory = ResolveMemory(options.memory);
-  Network net = Network::Open(options, {}, memory == MemoryKind::kCuda);
-  const PageBuffer::Path path = ChoosePath(net, memory);
-  PrintHeader("server", net, path);
+  InstallStopHandlers(kProgram);
+  Network net = Network::Open(options, {}, ResolveMemory(options.memory));
+  PrintHeader("server", net);
   PublishAddress(net.Address(), options.address_file);
+  const auto limit =
+      std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(options.timeout_s));
 
-  Mailbox mail(net, kRecvDepth);
+  Mail mail(net, kRecvDepth, kRecvDepth);
   std::map<fi_addr_t, Client> clients;
   std::deque<Received> inbox;
-  uint64_t writes_done = 0, served = 0;
+  std::vector<std::unique_ptr<Request>> draining;   // given up, WRITEs still in the provider
+  std::map<fi_addr_t, std::string> lost;            // clients an operation failed for
+  std::map<fi_addr_t, Clock::time_point> departed;  // AV entries to remove once idle
+  uint64_t served = 0;
   auto on_done = [&](Op* op, const fi_cq_data_entry& done, fi_addr_t source) {
     if (op == nullptr) return;  // the server receives no remote writes
-    if (op->kind == OpKind::kSend) mail.free_sends.push_back(op);
-    if (op->kind == OpKind::kWrite) ++writes_done;
+    if (op->kind == OpKind::kSend) mail.Sent(op);
+    if (op->kind == OpKind::kWrite) {
+      ++op->request->completed;
+      --op->request->in_flight;
+      op->request->last_completion = Clock::now();
+    }
     if (op->kind != OpKind::kRecv) return;
     // Handled later by the main loop, so a message never interrupts a transfer half-way.
     inbox.push_back({{op->buffer, op->buffer + done.len}, source});
     net.PostRecv(*op);
   };
-  auto progress = [&] { net.PollCompletion(on_done); };
+  // A failed operation concerns one peer: the main loop drops that peer and carries on.
+  auto on_error = [&](Op* op, const CompletionError& error) {
+    if (op == nullptr) {
+      std::printf("a peer's operation on our memory failed: %s\n", error.text.c_str());
+    } else if (op->kind == OpKind::kRecv) {  // too long for our buffer, or cut off
+      std::printf("dropped a message: %s\n", error.text.c_str());
+      net.PostRecv(*op);
+    } else {
+      if (op->kind == OpKind::kSend) mail.Sent(op);
+      if (op->kind == OpKind::kWrite) {
+        --op->request->in_flight;
+        op->request->failure = "a WRITE failed: " + error.text;
+      }
+      lost.emplace(op->peer, error.text);
+    }
+    std::fflush(stdout);
+  };
+  // Completions, then the messages waiting to go out; a peer that takes none is lost.
+  auto progress = [&] {
+    net.PollCompletion(on_done, on_error);
+    for (fi_addr_t peer : mail.Flush(limit)) lost.emplace(peer, "does not take our messages");
+  };
+  // A client that leaves, or is dropped, leaves our AV only once nothing of ours is on its
+  // way to it (removing a peer with operations in flight crashes some providers), or when
+  // `limit` has passed (rxm then closes the connection, and what it held fails back to us).
+  auto forget = [&](fi_addr_t client) {
+    if (clients.erase(client)) ++served;
+    departed.emplace(client, Clock::now());
+  };
+  auto drop = [&](fi_addr_t client, const std::string& why) {
+    if (clients.count(client))
+      std::printf("client %llu lost: %s\n", static_cast<unsigned long long>(client), why.c_str());
+    mail.Forget(client);
+    forget(client);
+  };
+  auto busy = [&](fi_addr_t peer) {
+    for (const auto& r : draining)
+      if (r->client == peer && r->source.size() > 0) return true;
+    return mail.Busy(peer);
+  };
   auto refuse = [&](fi_addr_t dest, uint32_t request_id, const std::string& why) {
     std::printf("client %llu: refused: %s\n", static_cast<unsigned long long>(dest), why.c_str());
-    SendMessage(net, mail, dest, wire::ErrorReply{request_id, why}, progress);
+    mail.Send(dest, wire::ErrorReply{request_id, why});
+  };
+  // While a transfer runs, its client leaving (a BYE waiting in the inbox) or failing ends it.
+  auto left = [&](fi_addr_t client) {
+    for (const auto& m : inbox)
+      if (m.source == client && m.bytes.size() >= sizeof(wire::Header) &&
+          m.bytes[6] == static_cast<uint8_t>(wire::MessageType::kBye))
+        return true;
+    return lost.count(client) > 0;
   };
 
-  while (!StopRequested() && (options.max_clients == 0 || served < options.max_clients)) {
+  while (!StopRequested() && (options.exit_after == 0 || served < options.exit_after)) {
     progress();
+    std::erase_if(draining, [](const auto& r) { return r->in_flight == 0; });
+    for (auto& r : draining) {  // shm never completes a WRITE to a process that died
+      if (r->source.size() == 0 || Clock::now() - r->abandoned_at < limit) continue;
+      std::printf("client %llu: request %u: %llu WRITEs never completed; their pages freed\n",
+                  static_cast<unsigned long long>(r->client), r->transfer.request_id,
+                  static_cast<unsigned long long>(r->in_flight));
+      r->mr.reset();
+      r->source = PageBuffer();  // the request stays, small, for completions that may come
+    }
+    for (const auto& [client, why] : lost) drop(client, why);
+    lost.clear();
+    std::erase_if(departed, [&](const auto& d) {
+      if (busy(d.first) && Clock::now() - d.second < limit) return false;
+      fi_av_remove(net.av.get(), const_cast<fi_addr_t*>(&d.first), 1, 0);
+      return true;
+    });
     while (!inbox.empty()) {
       Received m = std::move(inbox.front());
       inbox.pop_front();
@@ -379,31 +407,61 @@ int ServerMain(const Options& options) {
         continue;
       }
       if (auto* connect = std::get_if<wire::Connect>(&message)) {
-        fi_addr_t client = net.AddPeerAddress(connect->lanes[0].address);
+        fi_addr_t client = FI_ADDR_UNSPEC;
+        try {
+          client = net.AddPeerAddress(connect->lanes[0].address);
+        } catch (const Error& e) {
+          std::printf("dropped a CONNECT: %s\n", e.what());
+          continue;
+        }
+        departed.erase(client);  // the same address again: it is in use once more
+        if (options.max_clients > 0 && !clients.count(client) &&
+            clients.size() >= options.max_clients) {
+          refuse(client, 0, "server full: " + std::to_string(clients.size()) + " clients");
+          departed.emplace(client, Clock::now());
+          continue;
+        }
         clients[client] = Client{connect->lanes[0].region};
         std::printf("client %llu connected: region of %llu bytes\n",
                     static_cast<unsigned long long>(client),
                     static_cast<unsigned long long>(connect->lanes[0].region.length));
-        SendMessage(net, mail, client, wire::Accept{}, progress);
+        mail.Send(client, wire::Accept{});
       } else if (!known) {
         std::printf("dropped a message from a sender that did not CONNECT\n");
       } else if (auto* transfer = std::get_if<wire::Transfer>(&message)) {
+        std::unique_ptr<Request> r;
         try {
           wire::ValidateTransfer(*transfer, clients[m.source].region);
-        } catch (const wire::ProtocolError& e) {
+          const uint64_t bytes = transfer->pages.size() * transfer->page_size;
+          if (bytes > options.client_memory)
+            throw Error("the request would hold " + std::to_string(bytes) +
+                        " bytes of source memory, over this server's " +
+                        std::to_string(options.client_memory) + " per client (--client-memory)");
+          r = PrepareRequest(net, clients[m.source], m.source, std::move(*transfer));
+        } catch (const std::exception& e) {  // a bad request, or no memory for it
           refuse(m.source, transfer->request_id, e.what());
           continue;
         }
-        ServeTransfer(net, path, clients[m.source], m.source, *transfer, writes_done, progress);
+        const std::string why = ServeTransfer(
+            net, *r, progress, [&] { return StopRequested() || left(m.source); }, limit);
+        const wire::Transfer& t = r->transfer;
+        if (!why.empty()) {
+          std::printf("client %llu: request %u: given up: %s\n", name, t.request_id, why.c_str());
+          if (why != "stopped") lost.emplace(m.source, why);
+          r->abandoned_at = Clock::now();
+          if (r->in_flight > 0) draining.push_back(std::move(r));
+          continue;
+        }
         std::printf("client %llu: request %u: wrote %zu pages of %llu bytes, %llu times\n", name,
-                    transfer->request_id, transfer->pages.size(),
-                    static_cast<unsigned long long>(transfer->page_size),
-                    static_cast<unsigned long long>(transfer->repeat));
+                    t.request_id, t.pages.size(), static_cast<unsigned long long>(t.page_size),
+                    static_cast<unsigned long long>(t.repeat));
+        const wire::Done done{t.request_id, t.pages.size() * t.repeat,
+                              static_cast<uint64_t>(r->first_post.time_since_epoch().count()),
+                              static_cast<uint64_t>(r->last_completion.time_since_epoch().count())};
+        mail.Send(m.source, done);
       } else if (std::holds_alternative<wire::Bye>(message)) {
         std::printf("client %llu done\n", name);
-        clients.erase(m.source);
-        fi_av_remove(net.av.get(), &m.source, 1, 0);
-        ++served;
+        forget(m.source);
       } else {
         refuse(m.source, 0, "unexpected message type");
       }
@@ -411,6 +469,8 @@ int ServerMain(const Options& options) {
     }
   }
   std::printf("served %llu clients\n", static_cast<unsigned long long>(served));
+  std::fflush(stdout);
+  net.ep.reset();  // WRITEs still in the provider end with the endpoint, before their pages go
   return kExitOk;
 }
 
@@ -445,19 +505,17 @@ void CheckRequestSize(const Options& options) {
 int ClientMain(const Options& options) {
   const std::vector<uint8_t> peer = FromHex(options.peer);
   CheckRequestSize(options);
-  const MemoryKind memory = ResolveMemory(options.memory);
-  Network net = Network::Open(options, peer, memory == MemoryKind::kCuda);
+  Network net = Network::Open(options, peer, ResolveMemory(options.memory));
   fi_addr_t server = net.AddPeerAddress(peer);
-  const PageBuffer::Path path = ChoosePath(net, memory);
-  PrintHeader("client", net, path);
+  PrintHeader("client", net);
+  const auto limit =
+      std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(options.timeout_s));
 
   // The region has room for twice the pages asked for, so the chosen pages are scattered.
   const uint64_t region_pages = 2 * options.pages;
-  PageBuffer region(region_pages * options.page_size, path);
-  MrPtr region_mr =
-      net.RegisterMemory(region.nic_data(), region.size(), FI_REMOTE_WRITE,
-                         path == PageBuffer::Path::kGpuDirect ? &region.gpu() : nullptr);
-  Mailbox mail(net, 3);
+  PageBuffer region(region_pages * options.page_size, net.memory.path);
+  MrPtr region_mr = RegisterPages(net.domain.get(), *net.info, region, FI_REMOTE_WRITE);
+  Mail mail(net, kRecvDepth, 3);
 
   wire::Transfer request;
   request.request_id = 1;
@@ -469,58 +527,66 @@ int ClientMain(const Options& options) {
 
   const uint64_t expected = request.pages.size() * request.repeat;
   uint64_t arrived = 0;
-  size_t sends_done = 0;
   std::string refused;
   bool accepted = false;
-  const auto idle_limit = std::chrono::duration<double>(options.timeout_s);
+  std::optional<wire::Done> done;
   auto last_progress = Clock::now();
-  auto on_done = [&](Op* op, const fi_cq_data_entry& done, fi_addr_t) {
+  auto on_done = [&](Op* op, const fi_cq_data_entry& entry, fi_addr_t) {
     if (op == nullptr) {  // a remote WRITE landed in our region
-      if (done.data != request.request_id)
-        throw Error("a WRITE arrived for unknown request " + std::to_string(done.data));
+      if (entry.data != request.request_id)
+        throw Error("a WRITE arrived for unknown request " + std::to_string(entry.data));
       ++arrived;  // never assume the last WRITE lands last: count them
     } else if (op->kind == OpKind::kSend) {
-      mail.free_sends.push_back(op);
-      ++sends_done;
+      mail.Sent(op);
     } else if (op->kind == OpKind::kRecv) {
-      wire::Message message = wire::Decode({op->buffer, done.len});
+      wire::Message message = wire::Decode({op->buffer, entry.len});
       net.PostRecv(*op);
       if (std::holds_alternative<wire::Accept>(message)) {
         accepted = true;
       } else if (auto* error = std::get_if<wire::ErrorReply>(&message)) {
         refused = error->text;
+      } else if (auto* d = std::get_if<wire::Done>(&message)) {
+        done = *d;
       } else {
         throw Error("unexpected message from the server");
       }
     }
   };
-  auto progress = [&] {
-    if (net.PollCompletion(on_done) > 0) last_progress = Clock::now();
-    if (Clock::now() - last_progress > idle_limit)
-      throw Error("no answer from the server within " + std::to_string(options.timeout_s) +
-                  " s (is it running at that address?)");
+  auto on_error = [&](Op*, const CompletionError& error) {
+    Abandon(kProgram, "an operation failed: " + error.text);
   };
+  auto progress = [&] {
+    if (net.PollCompletion(on_done, on_error) > 0) last_progress = Clock::now();
+    if (!mail.Flush(limit).empty())
+      Abandon(kProgram, "no answer from the server within " + std::to_string(options.timeout_s) +
+                            " s: it takes none of our messages (is it running at that address?)");
+    if (Clock::now() - last_progress > limit)
+      Abandon(kProgram, "no answer from the server within " + std::to_string(options.timeout_s) +
+                            " s (is it running at that address?)");
+  };
+  auto send = [&](const wire::Message& message) { mail.Send(server, message); };
 
   wire::Connect connect;
   connect.lanes.push_back(
       {net.Address(), net.Advertise(region_mr.get(), region.nic_data(), region.size())});
-  SendMessage(net, mail, server, connect, progress);
+  send(connect);
   while (!accepted && refused.empty()) progress();  // our address is in the server's AV now
   const auto start = Clock::now();
-  SendMessage(net, mail, server, request, progress);
-  while (arrived < expected && refused.empty()) progress();
+  send(request);
+  while ((arrived < expected || !done) && refused.empty()) progress();
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
-  SendMessage(net, mail, server, wire::Bye{}, progress);
-  while (sends_done < 3) progress();
+  send(wire::Bye{});
+  while (!mail.Idle()) progress();  // every message of ours has left
   if (!refused.empty()) throw Error("the server refused the request: " + refused);
 
   region.SyncFromNic();
   std::span<uint8_t> view = region.HostView();
   if (options.test_corrupt) view[request.pages[0] * request.page_size + 1] ^= 0x5a;
   const uint64_t verified = VerifyPages(view, request);
-  std::printf("received %llu WRITEs (%llu bytes) in %.3f s; verified %llu bytes\n",
+  std::printf("received %llu WRITEs (%llu bytes) in %.3f s (server: %.3f s); verified %llu bytes\n",
               static_cast<unsigned long long>(arrived),
               static_cast<unsigned long long>(arrived * request.page_size), seconds,
+              static_cast<double>(done->last_completion_ns - done->first_post_ns) / 1e9,
               static_cast<unsigned long long>(verified));
   return kExitOk;
 }
@@ -531,8 +597,9 @@ int main(int argc, char** argv) {
   Options options;
   CLI::App app{
       "Lesson 03: one-sided RDMA WRITE of scattered pages into remote (GPU) memory. "
-      "Without an address: serve, writing the pages each client asks for. With the "
-      "server's address: ask for --pages random pages of --page-size bytes, verify them.",
+      "Without an address: serve, writing the pages each client asks for (one request at a "
+      "time). With the server's address: ask for --pages random pages of --page-size bytes, "
+      "verify them.",
       kProgram};
   AddOptions(app, options, kServeOptions | kTransferOptions);
   if (int rc = ParseCommandLine(app, argc, argv); rc >= 0) return rc;

@@ -27,15 +27,18 @@
 #include <vector>
 
 #include "address.hpp"
+#include "completion.hpp"
 #include "error.hpp"
 #include "fabric_handles.hpp"
 #include "host_buffer.hpp"
+#include "mailbox.hpp"
 #include "options.hpp"
 #include "page_buffer.hpp"
 #include "page_data.hpp"
 #include "program.hpp"
 #include "protocol.hpp"
 #include "provider.hpp"
+#include "registration.hpp"
 #include "report.hpp"
 
 using namespace common;
@@ -43,9 +46,7 @@ using namespace common;
 namespace {
 
 constexpr const char* kProgram = "04_concurrent";
-constexpr size_t kMessageBytes = wire::kMaxMessageBytes;  // every message buffer has this size
-constexpr size_t kRecvDepth = 8;                          // receives each side keeps posted
-constexpr size_t kCqBatch = 16;                           // completions read per fi_cq_read
+constexpr size_t kRecvDepth = 8;  // receives each side keeps posted
 constexpr uint64_t kMaxRequestsInFlight = 64;
 
 using Clock = std::chrono::steady_clock;
@@ -60,8 +61,10 @@ struct Op {
   OpKind kind = OpKind::kRecv;
   uint8_t* buffer = nullptr;
   size_t length = 0;
-  void* desc = nullptr;        // local descriptor of the registered buffer (FI_MR_LOCAL)
-  Request* request = nullptr;  // the request a WRITE belongs to
+  void* desc = nullptr;             // local descriptor of the registered buffer (FI_MR_LOCAL)
+  fi_addr_t peer = FI_ADDR_UNSPEC;  // where a SEND or WRITE goes: whom its failure concerns
+  Request* request = nullptr;       // the request a WRITE in flight belongs to
+  bool retired = false;             // replaced in the window while the provider held it
 };
 
 Op* OpOf(void* context) {
@@ -70,19 +73,25 @@ Op* OpOf(void* context) {
 
 class Network {
  public:
-  static Network Open(const Options& options, std::span<const uint8_t> peer, bool gpu_memory);
+  static Network Open(const Options& options, std::span<const uint8_t> peer, MemoryKind memory);
   std::vector<uint8_t> Address() const;
   fi_addr_t AddPeerAddress(std::span<const uint8_t> address);
-  MrPtr RegisterMemory(void* data, size_t size, uint64_t access, const CudaBuffer* gpu = nullptr);
-  bool TakesCudaMemory();
   wire::RemoteRegion Advertise(fid_mr* mr, const void* data, size_t size) const;
   void PostRecv(Op& op);
   bool PostSend(Op& op, fi_addr_t dest);
   bool PostWrite(Op& op, fi_addr_t dest, const wire::RemoteRegion& region, uint64_t offset,
                  uint32_t immediate);
-  // Remote writes complete with op == nullptr: no operation of ours was posted for them.
-  size_t PollCompletion(
-      const std::function<void(Op*, const fi_cq_data_entry&, fi_addr_t)>& on_done);
+  // on_done(op, entry, source) for each completion, with op == nullptr for a remote write into
+  // our memory (no operation of ours was posted for it); on_error(op, error) for a failure.
+  template <typename OnDone, typename OnError>
+  size_t PollCompletion(OnDone&& on_done, OnError&& on_error) {
+    return ReadCompletions(
+        cq.get(), true,
+        [&](const fi_cq_data_entry& e, fi_addr_t source) {
+          on_done(IsRemoteWrite(e) ? nullptr : OpOf(e.op_context), e, source);
+        },
+        [&](const CompletionError& e) { on_error(OpOf(e.op_context), e); });
+  }
 
   // Declared in creation order, so they are closed in reverse.
   FiInfoPtr info;
@@ -91,33 +100,31 @@ class Network {
   CqPtr cq;
   AvPtr av;
   EpPtr ep;
-  uint64_t next_key = 1;  // keys we choose when the provider does not (no FI_MR_PROV_KEY)
+  MemoryPath memory;  // where our pages live and how they reach the NIC (common/registration)
 };
 
-Network Network::Open(const Options& options, std::span<const uint8_t> peer, bool gpu_memory) {
+Network Network::Open(const Options& options, std::span<const uint8_t> peer, MemoryKind memory) {
   FiInfoPtr hints(fi_allocinfo());
   hints->ep_attr->type = FI_EP_RDM;           // reliable, unconnected: one endpoint talks to many
   hints->caps = FI_MSG | FI_SOURCE | FI_RMA;  // FI_SOURCE: completions name the sender
-  if (gpu_memory) hints->caps |= FI_HMEM;     // ask for providers that can take GPU memory
+  // GPU memory: ask for providers that can take it (FI_HMEM), unless told to stage it.
+  if (memory == MemoryKind::kCuda && options.gpu_path != GpuPathMode::kStaged)
+    hints->caps |= FI_HMEM;
   hints->mode = FI_CONTEXT | FI_CONTEXT2;
-  // The memory-registration modes this program honours; efa asks for all of them.
+  // The memory-registration modes this program honours (efa-direct asks for all of them).
   hints->domain_attr->mr_mode =
       FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_HMEM;
 
   Network net;
-  try {
-    net.info = SelectProvider(*hints, options.provider, options.domain, peer);
-  } catch (const UsageError&) {
-    if (!gpu_memory) throw;
-    hints->caps &= ~FI_HMEM;  // no HMEM provider: we will stage through host memory
-    net.info = SelectProvider(*hints, options.provider, options.domain, peer);
-  }
+  std::string no_hmem;  // why FI_HMEM was left out, if it was: the pages are then staged
+  net.info = SelectProvider(*hints, options, peer, &no_hmem);
   fid_fabric* fabric = nullptr;
   FI_CHECK(fi_fabric(net.info->fabric_attr, &fabric, nullptr));
   net.fabric.reset(fabric);
   fid_domain* domain = nullptr;
   FI_CHECK(fi_domain(net.fabric.get(), net.info.get(), &domain, nullptr));
   net.domain.reset(domain);
+  net.memory = ChooseMemoryPath(net.domain.get(), *net.info, memory, options.gpu_path, no_hmem);
 
   fi_cq_attr cq_attr{};
   cq_attr.format = FI_CQ_FORMAT_DATA;  // with the immediate data of remote writes
@@ -151,58 +158,16 @@ std::vector<uint8_t> Network::Address() const {
 }
 
 fi_addr_t Network::AddPeerAddress(std::span<const uint8_t> address) {
+  CheckAddress(address, *info);  // a peer's address has this provider's shape, or is refused
   fi_addr_t addr = FI_ADDR_UNSPEC;
   int inserted = fi_av_insert(av.get(), address.data(), 1, &addr, 0, nullptr);
   if (inserted != 1) throw Error("fi_av_insert: the peer address was not accepted");
   return addr;
 }
 
-// GPU memory is registered with its interface and device (FI_HMEM_CUDA), as a dmabuf where
-// both libfabric and the driver offer one: the NIC then reads and writes GPU memory directly.
-MrPtr Network::RegisterMemory(void* data, size_t size, uint64_t access, const CudaBuffer* gpu) {
-  fi_mr_attr attr{};
-  iovec iov{data, size};
-  attr.mr_iov = &iov;
-  attr.iov_count = 1;
-  attr.access = access;
-  attr.requested_key = next_key++;
-  uint64_t flags = 0;
-  UniqueFd dmabuf_fd;
-  if (gpu != nullptr) {
-    attr.iface = FI_HMEM_CUDA;
-    attr.device.cuda = gpu->device();
-#ifdef FI_MR_DMABUF
-    fi_mr_dmabuf dmabuf{};
-    dmabuf_fd = gpu->ExportDmabuf();
-    if (dmabuf_fd.get() >= 0) {
-      dmabuf.fd = dmabuf_fd.get();
-      dmabuf.len = size;
-      dmabuf.base_addr = data;
-      attr.dmabuf = &dmabuf;
-      flags |= FI_MR_DMABUF;
-    }
-#endif
-  }
-  fid_mr* mr = nullptr;
-  FI_CHECK(fi_mr_regattr(domain.get(), &attr, flags, &mr));
-  return MrPtr(mr);
-}
-
-// Offering FI_HMEM is not enough: a libfabric built without CUDA support (Debian's and
-// Ubuntu's) refuses to register CUDA memory. Try once with a small buffer.
-bool Network::TakesCudaMemory() {
-  if (!(info->caps & FI_HMEM)) return false;
-  CudaBuffer probe(1 << 20, 0);
-  try {
-    RegisterMemory(probe.data(), probe.size(), FI_REMOTE_WRITE, &probe);
-    return true;
-  } catch (const Error&) {
-    return false;
-  }
-}
-
 // What the writer needs to reach our region: with FI_MR_VIRT_ADDR, remote addresses are
-// virtual addresses; otherwise (tcp without it, for example) offsets from 0.
+// virtual addresses; otherwise (tcp without it, for example) offsets from 0. The key is the
+// provider's, or the random one common/registration chose for us.
 wire::RemoteRegion Network::Advertise(fid_mr* mr, const void* data, size_t size) const {
   const bool virt = info->domain_attr->mr_mode & FI_MR_VIRT_ADDR;
   return {virt ? reinterpret_cast<uint64_t>(data) : 0, size, fi_mr_key(mr)};
@@ -210,12 +175,14 @@ wire::RemoteRegion Network::Advertise(fid_mr* mr, const void* data, size_t size)
 
 void Network::PostRecv(Op& op) {
   op.kind = OpKind::kRecv;
-  FI_CHECK(fi_recv(ep.get(), op.buffer, kMessageBytes, op.desc, FI_ADDR_UNSPEC, &op.context));
+  FI_CHECK(
+      fi_recv(ep.get(), op.buffer, wire::kMaxMessageBytes, op.desc, FI_ADDR_UNSPEC, &op.context));
 }
 
 // False when the provider's queue is full (-FI_EAGAIN): poll completions, then try again.
 bool Network::PostSend(Op& op, fi_addr_t dest) {
   op.kind = OpKind::kSend;
+  op.peer = dest;
   ssize_t rc = fi_send(ep.get(), op.buffer, op.length, op.desc, dest, &op.context);
   if (rc == -FI_EAGAIN) return false;
   FI_CHECK(rc);
@@ -226,6 +193,7 @@ bool Network::PostSend(Op& op, fi_addr_t dest) {
 bool Network::PostWrite(Op& op, fi_addr_t dest, const wire::RemoteRegion& region, uint64_t offset,
                         uint32_t immediate) {
   op.kind = OpKind::kWrite;
+  op.peer = dest;
   ssize_t rc = fi_writedata(ep.get(), op.buffer, op.length, op.desc, immediate, dest,
                             region.address + offset, region.key, &op.context);
   if (rc == -FI_EAGAIN) return false;
@@ -233,68 +201,14 @@ bool Network::PostWrite(Op& op, fi_addr_t dest, const wire::RemoteRegion& region
   return true;
 }
 
-size_t Network::PollCompletion(
-    const std::function<void(Op*, const fi_cq_data_entry&, fi_addr_t)>& on_done) {
-  fi_cq_data_entry entries[kCqBatch];
-  fi_addr_t sources[kCqBatch];  // the sender's AV entry, or FI_ADDR_NOTAVAIL if not inserted
-  ssize_t n = fi_cq_readfrom(cq.get(), entries, kCqBatch, sources);
-  if (n == -FI_EAGAIN) return 0;
-  if (n == -FI_EAVAIL) {
-    fi_cq_err_entry err{};
-    fi_cq_readerr(cq.get(), &err, 0);
-    char detail[256] = "";
-    fi_cq_strerror(cq.get(), err.prov_errno, err.err_data, detail, sizeof(detail));
-    throw Error(std::string("operation failed: ") + fi_strerror(err.err) + " (" + detail + ")");
-  }
-  FI_CHECK(n);
-  for (ssize_t i = 0; i < n; ++i) {
-    Op* op = (entries[i].flags & FI_REMOTE_CQ_DATA) ? nullptr : OpOf(entries[i].op_context);
-    on_done(op, entries[i], sources[i]);
-  }
-  return static_cast<size_t>(n);
-}
+// The control messages: receives kept posted, and a queue of messages to send that never
+// makes us wait (common/mailbox.hpp).
+using Mail = Mailbox<Network, Op>;
 
-// Message buffers of one side: receives kept posted, and send buffers handed out as needed.
-struct Mailbox {
-  Mailbox(Network& net, size_t sends)
-      : buffers((kRecvDepth + sends) * kMessageBytes),
-        mr(net.RegisterMemory(buffers.data(), buffers.size(), FI_RECV | FI_SEND)),
-        recvs(kRecvDepth),
-        sends(sends) {
-    for (size_t i = 0; i < recvs.size() + sends; ++i) {
-      Op& op = i < recvs.size() ? recvs[i] : this->sends[i - recvs.size()];
-      op.buffer = buffers.data() + i * kMessageBytes;
-      op.desc = fi_mr_desc(mr.get());
-    }
-    for (auto& op : recvs) net.PostRecv(op);
-    for (auto& op : this->sends) free_sends.push_back(&op);
-  }
-  HostBuffer buffers;
-  MrPtr mr;
-  std::vector<Op> recvs, sends;
-  std::vector<Op*> free_sends;
-};
-
-// Encodes a message into a free send buffer and SENDs it, polling while none is free.
-void SendMessage(Network& net, Mailbox& mail, fi_addr_t dest, const wire::Message& message,
-                 const std::function<void()>& progress) {
-  const std::vector<uint8_t> bytes = wire::Encode(message);
-  while (mail.free_sends.empty()) progress();
-  Op* op = mail.free_sends.back();
-  mail.free_sends.pop_back();
-  std::memcpy(op->buffer, bytes.data(), bytes.size());
-  op->length = bytes.size();
-  while (!net.PostSend(*op, dest)) progress();
-}
-
-PageBuffer::Path ChoosePath(Network& net, MemoryKind memory) {
-  if (memory == MemoryKind::kHost) return PageBuffer::Path::kHost;
-  return net.TakesCudaMemory() ? PageBuffer::Path::kGpuDirect : PageBuffer::Path::kGpuStaged;
-}
-
-void PrintHeader(const char* role, const Network& net, PageBuffer::Path path) {
+void PrintHeader(const char* role, const Network& net) {
   std::printf("%s %s: provider %s, domain %s, pages in %s\n", kProgram, role,
-              net.info->fabric_attr->prov_name, net.info->domain_attr->name, PathName(path));
+              net.info->fabric_attr->prov_name, net.info->domain_attr->name,
+              DescribeMemoryPath(net.memory).c_str());
   std::fflush(stdout);
 }
 
@@ -310,45 +224,51 @@ struct Received {
 
 // One TRANSFER being served: its source pages, registered, and how far its WRITEs got.
 struct Request {
-  fi_addr_t dest = FI_ADDR_UNSPEC;
+  fi_addr_t client = FI_ADDR_UNSPEC;
   wire::RemoteRegion region;
   wire::Transfer transfer;
   PageBuffer source;
   MrPtr mr;
   uint64_t total = 0;  // pages x repeat
-  uint64_t posted = 0;
-  uint64_t completed = 0;
+  uint64_t posted = 0, completed = 0, failed = 0;
+  bool abandoned = false;  // its client left or failed: post no more, free once nothing is out
+  Clock::time_point first_post{}, last_completion = Clock::now(), abandoned_at{};
+  uint64_t in_flight() const { return posted - completed - failed; }
 };
 
 // Fills the request's source pages from its seed and registers them.
-std::unique_ptr<Request> PrepareRequest(Network& net, PageBuffer::Path path, const Client& client,
-                                        fi_addr_t dest, wire::Transfer transfer) {
+std::unique_ptr<Request> PrepareRequest(Network& net, const Client& client, fi_addr_t dest,
+                                        wire::Transfer transfer) {
   const size_t count = transfer.pages.size(), page_size = transfer.page_size;
   const uint64_t total = count * transfer.repeat;
-  auto r =
-      std::make_unique<Request>(Request{dest, client.region, std::move(transfer),
-                                        PageBuffer(count * page_size, path), nullptr, total, 0, 0});
+  auto r = std::make_unique<Request>();
+  r->client = dest;
+  r->region = client.region;
+  r->transfer = std::move(transfer);
+  r->source = PageBuffer(count * page_size, net.memory.path);
+  r->total = total;
   HostBuffer page(page_size);
   for (size_t i = 0; i < count; ++i) {
     FillPage({page.data(), page_size}, r->transfer.seed, r->transfer.pages[i]);
     r->source.Write(i * page_size, {page.data(), page_size});
   }
   r->source.SyncToNic();
-  r->mr = net.RegisterMemory(r->source.nic_data(), r->source.size(), FI_WRITE,
-                             path == PageBuffer::Path::kGpuDirect ? &r->source.gpu() : nullptr);
+  r->mr = RegisterPages(net.domain.get(), *net.info, r->source, FI_WRITE);
   return r;
 }
 
 // Posts WRITEs while the window has free Ops, one request after another in turn so that
-// each makes progress. A post refused with -FI_EAGAIN is retried after a poll, as in 03.
+// each makes progress. A post refused with -FI_EAGAIN is retried after a poll, as in 03, for
+// at most `limit`.
 void PostWrites(Network& net, std::list<std::unique_ptr<Request>>& active,
-                std::vector<Op*>& free_writes, const std::function<void()>& progress) {
+                std::vector<Op*>& free_writes, const std::function<void()>& progress,
+                Clock::duration limit) {
   bool posted_any = true;
   while (!free_writes.empty() && posted_any) {
     posted_any = false;
     for (auto& r : active) {
       if (free_writes.empty()) return;
-      if (r->posted == r->total) continue;
+      if (r->posted == r->total || r->abandoned) continue;
       const wire::Transfer& t = r->transfer;
       const size_t i = r->posted % t.pages.size();
       Op* op = free_writes.back();
@@ -357,63 +277,170 @@ void PostWrites(Network& net, std::list<std::unique_ptr<Request>>& active,
       op->desc = fi_mr_desc(r->mr.get());
       op->request = r.get();
       free_writes.pop_back();
-      while (!net.PostWrite(*op, r->dest, r->region, t.pages[i] * t.page_size, t.request_id))
+      const auto deadline = Clock::now() + limit;
+      while (!net.PostWrite(*op, r->client, r->region, t.pages[i] * t.page_size, t.request_id)) {
         progress();
-      ++r->posted;
+        if (r->abandoned || StopRequested() || Clock::now() > deadline) {
+          free_writes.push_back(op);  // not posted: the main loop decides what to do
+          return;
+        }
+      }
+      if (r->posted++ == 0) r->first_post = Clock::now();
       posted_any = true;
     }
   }
 }
 
 int ServerMain(const Options& options) {
-  InstallStopHandlers();
-  const MemoryKind memory = ResolveMemory(options.memory);
-  Network net = Network::Open(options, {}, memory == MemoryKind::kCuda);
-  const PageBuffer::Path path = ChoosePath(net, memory);
-  PrintHeader("server", net, path);
+  InstallStopHandlers(kProgram);
+  Network net = Network::Open(options, {}, ResolveMemory(options.memory));
+  PrintHeader("server", net);
   PublishAddress(net.Address(), options.address_file);
+  const auto limit =
+      std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(options.timeout_s));
 
-  Mailbox mail(net, kRecvDepth);
+  Mail mail(net, kRecvDepth, kRecvDepth);
   std::map<fi_addr_t, Client> clients;
   std::deque<Received> inbox;
   std::list<std::unique_ptr<Request>> active;
-  std::vector<Op> write_ops(options.window);
+  std::deque<Op> write_ops(options.window);  // a deque: it grows without moving its Ops
   std::vector<Op*> free_writes;
   for (auto& op : write_ops) free_writes.push_back(&op);
+  std::map<fi_addr_t, std::string> lost;            // clients an operation failed for
+  std::map<fi_addr_t, Clock::time_point> departed;  // AV entries to remove once idle
   uint64_t served = 0;
   auto on_done = [&](Op* op, const fi_cq_data_entry& done, fi_addr_t source) {
     if (op == nullptr) return;  // the server receives no remote writes
-    if (op->kind == OpKind::kSend) mail.free_sends.push_back(op);
+    if (op->kind == OpKind::kSend) mail.Sent(op);
     if (op->kind == OpKind::kWrite) {
       ++op->request->completed;
-      free_writes.push_back(op);
+      op->request->last_completion = Clock::now();
+      if (!op->retired) free_writes.push_back(op);
+      op->request = nullptr;
     }
     if (op->kind != OpKind::kRecv) return;
     // Handled later by the main loop, so a message never interrupts a transfer half-way.
     inbox.push_back({{op->buffer, op->buffer + done.len}, source});
     net.PostRecv(*op);
   };
-  auto progress = [&] { net.PollCompletion(on_done); };
+  // A failed operation concerns one peer: the main loop drops that peer and carries on.
+  auto on_error = [&](Op* op, const CompletionError& error) {
+    if (op == nullptr) {
+      std::printf("a peer's operation on our memory failed: %s\n", error.text.c_str());
+    } else if (op->kind == OpKind::kRecv) {  // too long for our buffer, or cut off
+      std::printf("dropped a message: %s\n", error.text.c_str());
+      net.PostRecv(*op);
+    } else {
+      lost.emplace(op->kind == OpKind::kWrite ? op->request->client : op->peer, error.text);
+      if (op->kind == OpKind::kSend) mail.Sent(op);
+      if (op->kind == OpKind::kWrite) {
+        ++op->request->failed;
+        if (!op->retired) free_writes.push_back(op);
+        op->request = nullptr;
+      }
+    }
+    std::fflush(stdout);
+  };
+  // Completions, then the messages waiting to go out; a peer that takes none is lost.
+  auto progress = [&] {
+    net.PollCompletion(on_done, on_error);
+    for (fi_addr_t peer : mail.Flush(limit)) lost.emplace(peer, "does not take our messages");
+  };
+  // A client that leaves, or is dropped, stops being written to at once; it leaves our AV
+  // once nothing of ours is on its way to it (removing a peer with operations in flight
+  // crashes some providers), or when `limit` has passed (rxm then closes the connection, and
+  // what it held fails back to us).
+  // Its requests are abandoned. WRITEs of theirs the provider still holds are replaced in
+  // the window at once, so other clients never wait for them: shm never completes a WRITE to
+  // a process that died.
+  auto forget = [&](fi_addr_t client) {
+    if (clients.erase(client)) ++served;
+    for (auto& r : active) {
+      if (r->client != client || r->abandoned) continue;
+      r->abandoned = true;
+      r->abandoned_at = Clock::now();
+      for (Op& op : write_ops) {
+        if (op.request != r.get() || op.retired) continue;
+        op.retired = true;
+        free_writes.push_back(&write_ops.emplace_back());
+      }
+    }
+    departed.emplace(client, Clock::now());
+  };
+  auto drop = [&](fi_addr_t client, const std::string& why) {
+    if (clients.count(client))
+      std::printf("client %llu lost: %s\n", static_cast<unsigned long long>(client), why.c_str());
+    mail.Forget(client);
+    forget(client);
+  };
+  auto busy = [&](fi_addr_t peer) {
+    for (const auto& r : active)
+      if (r->client == peer && r->in_flight() > 0 && r->source.size() > 0) return true;
+    return mail.Busy(peer);
+  };
   auto refuse = [&](fi_addr_t dest, uint32_t request_id, const std::string& why) {
     std::printf("client %llu: refused: %s\n", static_cast<unsigned long long>(dest), why.c_str());
-    SendMessage(net, mail, dest, wire::ErrorReply{request_id, why}, progress);
+    mail.Send(dest, wire::ErrorReply{request_id, why});
+  };
+  // Per-client limits, checked before anything is allocated: what a client may hold at once.
+  auto over_limits = [&](fi_addr_t client, const wire::Transfer& t) -> std::string {
+    uint64_t requests = 0, bytes = t.pages.size() * t.page_size;
+    for (const auto& r : active)
+      if (r->client == client && !r->abandoned) {
+        ++requests;
+        bytes += r->source.size();
+      }
+    if (requests >= options.max_requests)
+      return std::to_string(requests) + " requests in flight already (--max-requests " +
+             std::to_string(options.max_requests) + ")";
+    if (bytes > options.client_memory)
+      return "its requests would hold " + std::to_string(bytes) +
+             " bytes of source memory, over this server's " +
+             std::to_string(options.client_memory) + " per client (--client-memory)";
+    return "";
   };
 
-  while (!StopRequested() && (options.max_clients == 0 || served < options.max_clients)) {
+  while (!StopRequested() && (options.exit_after == 0 || served < options.exit_after)) {
     progress();
+    for (const auto& [client, why] : lost) drop(client, why);
+    lost.clear();
     for (auto it = active.begin(); it != active.end();) {
-      const Request& r = **it;
-      if (r.completed < r.total) {
+      Request& r = **it;
+      if (!r.abandoned && r.in_flight() > 0 && Clock::now() - r.last_completion > limit)
+        drop(r.client, "no WRITE completed for " + std::to_string(options.timeout_s) + " s");
+      if (r.abandoned && r.in_flight() > 0 && r.source.size() > 0 &&
+          Clock::now() - r.abandoned_at > limit) {
+        // The provider will never complete these WRITEs (their peer is gone): the memory they
+        // read goes back; the request stays, small, for completions that may still come.
+        std::printf("client %llu: request %u: %llu WRITEs never completed; their pages freed\n",
+                    static_cast<unsigned long long>(r.client), r.transfer.request_id,
+                    static_cast<unsigned long long>(r.in_flight()));
+        r.mr.reset();
+        r.source = PageBuffer();
+      }
+      if (r.abandoned ? r.in_flight() > 0 : r.completed < r.total) {
         ++it;
         continue;
       }
-      std::printf("client %llu: request %u: wrote %zu pages of %llu bytes, %llu times\n",
-                  static_cast<unsigned long long>(r.dest), r.transfer.request_id,
-                  r.transfer.pages.size(), static_cast<unsigned long long>(r.transfer.page_size),
-                  static_cast<unsigned long long>(r.transfer.repeat));
+      const wire::Transfer& t = r.transfer;
+      if (!r.abandoned) {
+        std::printf("client %llu: request %u: wrote %zu pages of %llu bytes, %llu times\n",
+                    static_cast<unsigned long long>(r.client), t.request_id, t.pages.size(),
+                    static_cast<unsigned long long>(t.page_size),
+                    static_cast<unsigned long long>(t.repeat));
+        const wire::Done done{t.request_id, r.total,
+                              static_cast<uint64_t>(r.first_post.time_since_epoch().count()),
+                              static_cast<uint64_t>(r.last_completion.time_since_epoch().count())};
+        mail.Send(r.client, done);
+      }
       it = active.erase(it);
     }
-    PostWrites(net, active, free_writes, progress);
+    std::erase_if(departed, [&](const auto& d) {
+      if (busy(d.first) && Clock::now() - d.second < limit) return false;
+      fi_av_remove(net.av.get(), const_cast<fi_addr_t*>(&d.first), 1, 0);
+      return true;
+    });
+    PostWrites(net, active, free_writes, progress, limit);
     while (!inbox.empty()) {
       Received m = std::move(inbox.front());
       inbox.pop_front();
@@ -430,28 +457,42 @@ int ServerMain(const Options& options) {
         continue;
       }
       if (auto* connect = std::get_if<wire::Connect>(&message)) {
-        fi_addr_t client = net.AddPeerAddress(connect->lanes[0].address);
+        fi_addr_t client = FI_ADDR_UNSPEC;
+        try {
+          client = net.AddPeerAddress(connect->lanes[0].address);
+        } catch (const Error& e) {
+          std::printf("dropped a CONNECT: %s\n", e.what());
+          continue;
+        }
+        departed.erase(client);  // the same address again: it is in use once more
+        if (options.max_clients > 0 && !clients.count(client) &&
+            clients.size() >= options.max_clients) {
+          refuse(client, 0, "server full: " + std::to_string(clients.size()) + " clients");
+          departed.emplace(client, Clock::now());
+          continue;
+        }
         clients[client] = Client{connect->lanes[0].region};
         std::printf("client %llu connected: region of %llu bytes\n",
                     static_cast<unsigned long long>(client),
                     static_cast<unsigned long long>(connect->lanes[0].region.length));
-        SendMessage(net, mail, client, wire::Accept{}, progress);
+        mail.Send(client, wire::Accept{});
       } else if (!known) {
         std::printf("dropped a message from a sender that did not CONNECT\n");
       } else if (auto* transfer = std::get_if<wire::Transfer>(&message)) {
+        std::string why;
         try {
           wire::ValidateTransfer(*transfer, clients[m.source].region);
-        } catch (const wire::ProtocolError& e) {
-          refuse(m.source, transfer->request_id, e.what());
-          continue;
+          why = over_limits(m.source, *transfer);
+          if (why.empty())
+            active.push_back(
+                PrepareRequest(net, clients[m.source], m.source, std::move(*transfer)));
+        } catch (const std::exception& e) {  // a bad request, or no memory for it
+          why = e.what();
         }
-        active.push_back(
-            PrepareRequest(net, path, clients[m.source], m.source, std::move(*transfer)));
+        if (!why.empty()) refuse(m.source, transfer->request_id, why);
       } else if (std::holds_alternative<wire::Bye>(message)) {
         std::printf("client %llu done\n", name);
-        clients.erase(m.source);
-        fi_av_remove(net.av.get(), &m.source, 1, 0);
-        ++served;
+        forget(m.source);
       } else {
         refuse(m.source, 0, "unexpected message type");
       }
@@ -459,6 +500,8 @@ int ServerMain(const Options& options) {
     }
   }
   std::printf("served %llu clients\n", static_cast<unsigned long long>(served));
+  std::fflush(stdout);
+  net.ep.reset();  // WRITEs still in the provider end with the endpoint, before their pages go
   return kExitOk;
 }
 
@@ -497,21 +540,20 @@ void CheckRequestSize(const Options& options) {
 int ClientMain(const Options& options) {
   const std::vector<uint8_t> peer = FromHex(options.peer);
   CheckRequestSize(options);
-  const MemoryKind memory = ResolveMemory(options.memory);
-  Network net = Network::Open(options, peer, memory == MemoryKind::kCuda);
+  const auto began = Clock::now();
+  Network net = Network::Open(options, peer, ResolveMemory(options.memory));
   fi_addr_t server = net.AddPeerAddress(peer);
-  const PageBuffer::Path path = ChoosePath(net, memory);
-  PrintHeader("client", net, path);
+  PrintHeader("client", net);
+  const auto limit =
+      std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(options.timeout_s));
 
   // The region has room for twice the pages asked for, so the chosen pages are scattered;
   // each request gets its own share of them.
   const uint64_t total_pages = options.pages * options.requests;
   const uint64_t region_pages = 2 * total_pages;
-  PageBuffer region(region_pages * options.page_size, path);
-  MrPtr region_mr =
-      net.RegisterMemory(region.nic_data(), region.size(), FI_REMOTE_WRITE,
-                         path == PageBuffer::Path::kGpuDirect ? &region.gpu() : nullptr);
-  Mailbox mail(net, options.requests + 2);
+  PageBuffer region(region_pages * options.page_size, net.memory.path);
+  MrPtr region_mr = RegisterPages(net.domain.get(), *net.info, region, FI_REMOTE_WRITE);
+  Mail mail(net, kRecvDepth, options.requests + 2);
 
   const std::vector<uint32_t> all_pages = SamplePages(options.seed, total_pages, region_pages);
   std::vector<wire::Transfer> requests(options.requests);
@@ -528,59 +570,74 @@ int ClientMain(const Options& options) {
   uint64_t expected = total_pages * options.repeat;    // less what the server refuses
   std::vector<uint64_t> arrived(requests.size() + 1);  // per request id
   uint64_t arrived_total = 0;
-  // The clock runs from the first WRITE's arrival to the last: it times the network, not the
-  // server filling its source pages before it starts.
-  Clock::time_point first_arrival, last_arrival;
-  size_t sends_done = 0;
+  size_t done_count = 0, refused_count = 0;
+  uint64_t server_first = UINT64_MAX, server_last = 0;  // the server's clock, from its DONEs
+  Clock::time_point last_arrival;
   std::string refused;
   bool accepted = false;
-  const auto idle_limit = std::chrono::duration<double>(options.timeout_s);
   auto last_progress = Clock::now();
-  auto on_done = [&](Op* op, const fi_cq_data_entry& done, fi_addr_t) {
+  auto on_done = [&](Op* op, const fi_cq_data_entry& entry, fi_addr_t) {
     if (op == nullptr) {  // a remote WRITE landed in our region
-      if (done.data == 0 || done.data > requests.size())
-        throw Error("a WRITE arrived for unknown request " + std::to_string(done.data));
-      ++arrived[done.data];  // never assume the last WRITE lands last: count them
-      if (arrived_total++ == 0) first_arrival = Clock::now();
+      if (entry.data == 0 || entry.data > requests.size())
+        throw Error("a WRITE arrived for unknown request " + std::to_string(entry.data));
+      ++arrived[entry.data];  // never assume the last WRITE lands last: count them
+      ++arrived_total;
       last_arrival = Clock::now();
     } else if (op->kind == OpKind::kSend) {
-      mail.free_sends.push_back(op);
-      ++sends_done;
+      mail.Sent(op);
     } else if (op->kind == OpKind::kRecv) {
-      wire::Message message = wire::Decode({op->buffer, done.len});
+      wire::Message message = wire::Decode({op->buffer, entry.len});
       net.PostRecv(*op);
       if (std::holds_alternative<wire::Accept>(message)) {
         accepted = true;
-        return;
+      } else if (auto* d = std::get_if<wire::Done>(&message)) {
+        ++done_count;
+        server_first = std::min(server_first, d->first_post_ns);
+        server_last = std::max(server_last, d->last_completion_ns);
+      } else if (auto* error = std::get_if<wire::ErrorReply>(&message)) {
+        if (refused.empty())
+          refused = "request " + std::to_string(error->request_id) + ": " + error->text;
+        // The other requests are still being written: wait for them before saying BYE.
+        if (error->request_id >= 1 && error->request_id <= requests.size()) {
+          expected -= requests[error->request_id - 1].pages.size() * options.repeat;
+          ++refused_count;
+        }
+      } else {
+        throw Error("unexpected message from the server");
       }
-      auto* error = std::get_if<wire::ErrorReply>(&message);
-      if (error == nullptr) throw Error("unexpected message from the server");
-      if (refused.empty())
-        refused = "request " + std::to_string(error->request_id) + ": " + error->text;
-      // The other requests are still being written: wait for them before saying BYE.
-      if (error->request_id >= 1 && error->request_id <= requests.size())
-        expected -= requests[error->request_id - 1].pages.size() * options.repeat;
     }
   };
-  auto progress = [&] {
-    if (net.PollCompletion(on_done) > 0) last_progress = Clock::now();
-    if (Clock::now() - last_progress > idle_limit)
-      throw Error("no answer from the server within " + std::to_string(options.timeout_s) +
-                  " s (is it running at that address?)");
+  auto on_error = [&](Op*, const CompletionError& error) {
+    Abandon(kProgram, "an operation failed: " + error.text);
   };
+  auto progress = [&] {
+    if (net.PollCompletion(on_done, on_error) > 0) last_progress = Clock::now();
+    if (!mail.Flush(limit).empty())
+      Abandon(kProgram, "no answer from the server within " + std::to_string(options.timeout_s) +
+                            " s: it takes none of our messages (is it running at that address?)");
+    if (Clock::now() - last_progress > limit)
+      Abandon(kProgram, "no answer from the server within " + std::to_string(options.timeout_s) +
+                            " s (is it running at that address?)");
+  };
+  auto send = [&](const wire::Message& message) { mail.Send(server, message); };
 
   wire::Connect connect;
   connect.lanes.push_back(
       {net.Address(), net.Advertise(region_mr.get(), region.nic_data(), region.size())});
-  SendMessage(net, mail, server, connect, progress);
+  send(connect);
   while (!accepted && refused.empty()) progress();  // our address is in the server's AV now
-  for (const auto& request : requests) SendMessage(net, mail, server, request, progress);
+  if (!accepted) throw Error("the server refused the connection: " + refused);
+  // The clock runs from the first request sent to the last WRITE landed: the server's work
+  // (filling its pages) counts, and nothing a provider does with completions can shrink it.
+  const auto start = Clock::now();
+  for (const auto& request : requests) send(request);
   while (arrived_total < expected) progress();
-  const double seconds = std::chrono::duration<double>(last_arrival - first_arrival).count();
-  SendMessage(net, mail, server, wire::Bye{}, progress);
-  while (sends_done < requests.size() + 2) progress();
+  const double seconds = std::chrono::duration<double>(last_arrival - start).count();
+  while (done_count + refused_count < requests.size()) progress();  // the server's own clock
+  send(wire::Bye{});
+  while (!mail.Idle()) progress();  // every message of ours has left
   if (!refused.empty()) throw Error("the server refused " + refused);
-  for (size_t r = 1; r < arrived.size() && refused.empty(); ++r) {
+  for (size_t r = 1; r < arrived.size(); ++r) {
     if (arrived[r] != requests[r - 1].pages.size() * options.repeat)
       throw Error("request " + std::to_string(r) + " received " + std::to_string(arrived[r]) +
                   " WRITEs");
@@ -593,11 +650,17 @@ int ClientMain(const Options& options) {
   for (const auto& request : requests) verified += VerifyPages(view, request);
 
   Summary summary;
-  summary.bytes = (arrived_total - 1) * options.page_size;  // what arrived after the clock started
-  summary.writes = arrived_total - 1;
+  summary.bytes = arrived_total * options.page_size;
+  summary.writes = arrived_total;
   summary.seconds = seconds;
+  summary.server_seconds = static_cast<double>(server_last - server_first) / 1e9;
   summary.link_gbps = options.link_gbps > 0 ? options.link_gbps : LinkGbps(*net.info);
   summary.verified_bytes = verified;
+  summary.memory = MemoryWord(net.memory);
+  summary.memory_why = net.memory.why;
+  const std::string problem =
+      ClockProblem(summary, std::chrono::duration<double>(Clock::now() - began).count());
+  if (!problem.empty()) throw Error("figures that cannot be true: " + problem);
   PrintSummary(summary, options.json);
   return kExitOk;
 }

@@ -3,9 +3,12 @@
 #include "error.hpp"
 
 #include <netinet/in.h>
+#include <sys/stat.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 
 namespace common {
@@ -80,6 +83,14 @@ void CheckAddress(std::span<const uint8_t> address, const fi_info& info) {
       throw UsageError("address has " + std::to_string(address.size()) + " bytes, but " + provider +
                        " addresses (" + AddressFormatName(info.addr_format) + ") have " +
                        std::to_string(*want));
+    // A socket address starts with its family; another family would confuse the provider.
+    sa_family_t family = 0;
+    if (info.addr_format == FI_SOCKADDR_IN || info.addr_format == FI_SOCKADDR_IN6)
+      std::memcpy(&family, address.data(), sizeof(family));
+    if ((info.addr_format == FI_SOCKADDR_IN && family != AF_INET) ||
+        (info.addr_format == FI_SOCKADDR_IN6 && family != AF_INET6))
+      throw UsageError("address " + ToHex(address) + " is not a " + provider + " address (" +
+                       AddressFormatName(info.addr_format) + " of another family)");
     return;
   }
   if (info.addr_format == FI_ADDR_STR) {
@@ -93,17 +104,30 @@ void CheckAddress(std::span<const uint8_t> address, const fi_info& info) {
   }
 }
 
-// Writes `text` and a newline to `path` under a temporary name, then renames it, so a
-// reader never sees half of it.
+// Writes `text` and a newline to `path`, all of it or nothing: on failure, a UsageError that
+// says why. A new or regular file is written under a temporary name and renamed, so a reader
+// never sees half of it; anything else (a pipe, /dev/stdout, a device) is written in place,
+// never replaced by a file.
 static void WriteAtomically(const std::string& text, const std::string& path) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp);
-    out << text << "\n";
-    if (!out) throw UsageError("cannot write address file '" + path + "'");
+  auto fail = [&](int err) {
+    throw UsageError("cannot write address file '" + path + "': " + std::strerror(err));
+  };
+  struct stat st {};
+  const bool special = stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode);
+  const std::string target = special ? path : path + ".tmp";
+  FILE* out = std::fopen(target.c_str(), "w");
+  if (out == nullptr) fail(errno);
+  const bool written = std::fprintf(out, "%s\n", text.c_str()) >= 0 && std::fflush(out) == 0;
+  const int err = errno;
+  if (std::fclose(out) != 0 || !written) {
+    if (!special) std::remove(target.c_str());
+    fail(written ? errno : err);
   }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0)
-    throw UsageError("cannot write address file '" + path + "'");
+  if (!special && std::rename(target.c_str(), path.c_str()) != 0) {
+    const int rename_err = errno;
+    std::remove(target.c_str());
+    fail(rename_err);
+  }
 }
 
 void PublishAddress(std::span<const uint8_t> address, const std::string& path) {

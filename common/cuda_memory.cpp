@@ -95,7 +95,9 @@ void CudaBuffer::CopyToHost(void* dst, size_t offset, size_t bytes) const {
       cudaMemcpy(dst, static_cast<const uint8_t*>(data_) + offset, bytes, cudaMemcpyDeviceToHost));
 }
 
-UniqueFd CudaBuffer::ExportDmabuf() const {
+UniqueFd CudaBuffer::ExportDmabuf(const void* at, size_t size) const {
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  if (reinterpret_cast<uintptr_t>(at) % page != 0 || size % page != 0) return UniqueFd();
   using GetHandle =
       CUresult (*)(void*, CUdeviceptr, size_t, CUmemRangeHandleType, unsigned long long);
   void* fn = nullptr;
@@ -105,7 +107,7 @@ UniqueFd CudaBuffer::ExportDmabuf() const {
       found != cudaDriverEntryPointSuccess || fn == nullptr)
     return UniqueFd();
   int fd = -1;
-  CUresult rc = reinterpret_cast<GetHandle>(fn)(&fd, reinterpret_cast<CUdeviceptr>(data_), size_,
+  CUresult rc = reinterpret_cast<GetHandle>(fn)(&fd, reinterpret_cast<CUdeviceptr>(at), size,
                                                 CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0);
   return UniqueFd(rc == CUDA_SUCCESS ? fd : -1);
 }
@@ -153,7 +155,7 @@ void CudaBuffer::CopyFromHost(size_t, const void*, size_t) {
 void CudaBuffer::CopyToHost(void*, size_t, size_t) const {
   NoCuda();
 }
-UniqueFd CudaBuffer::ExportDmabuf() const {
+UniqueFd CudaBuffer::ExportDmabuf(const void*, size_t) const {
   return UniqueFd();
 }
 PinnedBuffer::PinnedBuffer(size_t) {

@@ -46,9 +46,10 @@ class CudaBuffer {
   int device() const { return device_; }
   void CopyFromHost(size_t offset, const void* src, size_t bytes);
   void CopyToHost(void* dst, size_t offset, size_t bytes) const;
-  // A dmabuf for the whole buffer (cuMemGetHandleForAddressRange, looked up through the
-  // runtime so that nothing links libcuda); fd -1 where the driver does not offer it.
-  UniqueFd ExportDmabuf() const;
+  // A dmabuf for `size` bytes at `at` inside the buffer (cuMemGetHandleForAddressRange, looked
+  // up through the runtime so that nothing links libcuda); fd -1 where the driver does not
+  // offer it, or the range is not aligned to host pages as the driver requires.
+  UniqueFd ExportDmabuf(const void* at, size_t size) const;
 
  private:
   void* data_ = nullptr;

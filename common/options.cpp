@@ -52,6 +52,17 @@ const char* MemoryName(MemoryKind kind) {
   }
 }
 
+const char* GpuPathName(GpuPathMode mode) {
+  switch (mode) {
+    case GpuPathMode::kDirect:
+      return "direct";
+    case GpuPathMode::kStaged:
+      return "staged";
+    default:
+      return "auto";
+  }
+}
+
 static void AddSize(CLI::App& app, const std::string& names, uint64_t* value,
                     const std::string& help, const char* type = "SIZE") {
   std::string what = names.substr(names.rfind(',') + 1);
@@ -97,16 +108,25 @@ void AddOptions(CLI::App& app, Options& o, unsigned groups) {
     app.add_option("-p,--provider", o.provider,
                    "libfabric provider: efa, verbs, tcp, shm, ... (default: first of efa, "
                    "verbs;ofi_rxm, tcp;ofi_rxm that works here)");
+    app.add_option("--fabric", o.fabric,
+                   "libfabric fabric of the provider: for efa, efa (default: the full RDM "
+                   "protocol) or efa-direct (the device's own queues; see 07's README)");
     app.add_option("--domain", o.domain, "libfabric domain (NIC) to use, e.g. lo or rdmap79s0");
     app.add_option("--address-file", o.address_file,
                    "Server: also write the address (hex) to this file (07 client: its lane "
                    "addresses)");
-    AddSize(app, "--max-clients", &o.max_clients,
+    AddSize(app, "--exit-after", &o.exit_after,
             "Server: exit after serving this many clients (default 0: until SIGINT/SIGTERM)", "N");
     AddSeconds(app, "--timeout", &o.timeout_s,
-               "Client: seconds to wait for the server before giving up");
+               "Seconds to wait for the peer: a client for its server's answers, a server for "
+               "a client to take its messages");
   }
   if (groups & kTransferOptions) {
+    AddSize(app, "--client-memory", &o.client_memory,
+            "Server: source memory a client's requests may hold at once; more is refused");
+    AddSize(app, "--max-clients", &o.max_clients,
+            "Server: clients connected at once; one more is refused with an ERROR (0: no limit)",
+            "N");
     app.add_option_function<std::string>(
            "--memory",
            [&o](const std::string& m) {
@@ -119,6 +139,22 @@ void AddOptions(CLI::App& app, Options& o, unsigned groups) {
            },
            "Memory for the pages: host or cuda (default: cuda when a GPU is present)")
         ->type_name("host|cuda");
+    app.add_option_function<std::string>(
+           "--gpu-path",
+           [&o](const std::string& m) {
+             if (m == "auto")
+               o.gpu_path = GpuPathMode::kAuto;
+             else if (m == "direct")
+               o.gpu_path = GpuPathMode::kDirect;
+             else if (m == "staged")
+               o.gpu_path = GpuPathMode::kStaged;
+             else
+               throw UsageError("invalid --gpu-path '" + m + "' (use auto, direct or staged)");
+           },
+           "GPU memory: direct (registered with the provider, which moves it), staged (through "
+           "pinned host memory), or auto: direct where the provider registers GPU memory "
+           "(default); the header line says which and why; direct where it cannot: exit 77")
+        ->type_name("auto|direct|staged");
     AddSize(app, "-S,--page-size", &o.page_size, "Bytes per page (suffixes k, m, g)");
     AddSize(app, "--pages", &o.pages, "Pages per TRANSFER request", "N");
     AddSize(app, "--repeat", &o.repeat, "Times the page set is written", "N");
@@ -134,6 +170,9 @@ void AddOptions(CLI::App& app, Options& o, unsigned groups) {
   if (groups & kWindowOptions) {
     AddSize(app, "-W,--window", &o.window, "WRITEs in flight at once, per lane", "N");
     AddSize(app, "--requests", &o.requests, "TRANSFER requests in flight per client", "N");
+    AddSize(app, "--max-requests", &o.max_requests,
+            "Server: requests in flight per client, at most; one more is refused", "N");
+
     app.add_flag("--json", o.json, "Print the summary as one JSON line");
     app.add_option("--link-gbps", o.link_gbps,
                    "Link rate for '% of link' when the provider cannot know it (tc shaping)")
@@ -167,7 +206,14 @@ void AddOptions(CLI::App& app, Options& o, unsigned groups) {
     AddOff(app, "--no-pin", &o.pin, "Client: the server's threads are not pinned to cores");
     AddOff(app, "--no-shard", &o.shard,
            "Client: the server's threads share one locked state instead of their own");
-    AddSize(app, "--batch", &o.batch, "Client: WRITEs handed to the provider per post", "N");
+    AddSize(app, "--batch", &o.batch,
+            "Client: WRITEs the server prepares per lane each time round its posting loop (the "
+            "published ladder's batching; 1: one, then poll again)",
+            "N");
+    AddSize(app, "--doorbell", &o.doorbell,
+            "Client: WRITEs per doorbell: FI_MORE on all but the last of each group, so the "
+            "provider can ring the NIC once for them (1: every WRITE rings it)",
+            "N");
     AddOff(app, "--eager-post", &o.lazy,
            "Client: the server posts each WRITE at once instead of from its CQ poll");
     AddOff(app, "--no-numa", &o.numa,
@@ -175,7 +221,8 @@ void AddOptions(CLI::App& app, Options& o, unsigned groups) {
     app.add_flag("--ladder", o.ladder,
                  "Client: run once per rung of the optimization ladder, one table row each");
     AddSeconds(app, "--peer-timeout", &o.peer_timeout_s,
-               "Server: give up on a client silent this long while it is owed WRITEs");
+               "Server: give up on a client with no sign of life (no message, no WRITE "
+               "completed) for this long");
     app.add_option("--test-claim", o.test_claim,
                    "Test only: CONNECT with the lane addresses in this file (another client's, "
                    "written by its --address-file); the server must refuse")

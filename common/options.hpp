@@ -11,39 +11,47 @@ namespace common {
 
 enum class MemoryKind { kAuto, kHost, kCuda };
 enum class WaitMode { kAuto, kSpin, kBlock };
+// GPU memory: handed to the provider (direct), or staged through pinned host memory.
+enum class GpuPathMode { kAuto, kDirect, kStaged };
 
 struct Options {
   // Connection: no peer address means "serve".
   std::string peer;
   std::string provider;  // empty: efa, verbs;ofi_rxm, tcp;ofi_rxm, whichever answers first
+  std::string fabric;    // empty: the provider's default fabric (efa: "efa", not "efa-direct")
   std::string domain;
   std::string address_file;
-  uint64_t max_clients = 0;  // 0: serve until SIGINT/SIGTERM
-  double timeout_s = 10;     // how long a client waits for its server to answer
+  uint64_t max_clients = 16;  // server: clients connected at once; one more is refused
+  uint64_t exit_after = 0;    // server: exit after serving this many clients (0: never)
+  double timeout_s = 10;      // how long to wait for a peer (client: its server) to answer
   // 01 and 02
   std::string text = "Hello, world!";
   // Transfers (03 onward)
   MemoryKind memory = MemoryKind::kAuto;
+  GpuPathMode gpu_path = GpuPathMode::kAuto;
   uint64_t page_size = 64 * 1024;
   uint64_t pages = 1024;
   uint64_t repeat = 1;
   uint64_t seed = 1;
   bool json = false;
   uint64_t window = 64;
-  uint64_t requests = 4;  // TRANSFER requests in flight per client (04 onward)
-  double link_gbps = 0;   // 0: sum of the link speeds libfabric reports
+  uint64_t requests = 4;                // TRANSFER requests in flight per client (04 onward)
+  uint64_t max_requests = 64;           // server: requests in flight per client, at most
+  uint64_t client_memory = 1ull << 30;  // server: source memory per client, at most
+  double link_gbps = 0;                 // 0: sum of the link speeds libfabric reports
   uint64_t warmup = 0;
   // Lanes (06 onward)
   uint64_t nics = 0;  // 0: every NIC of the group
   WaitMode wait = WaitMode::kAuto;
   // The engine of 07: each optimization behind its own switch, all on by default.
-  bool warm = true;      // --no-warmup
-  uint64_t threads = 0;  // data threads; 0: one per topology group
-  bool pin = true;       // --no-pin
-  bool shard = true;     // --no-shard
-  uint64_t batch = 16;   // WRITEs per post
-  bool lazy = true;      // --eager-post
-  bool numa = true;      // --no-numa
+  bool warm = true;        // --no-warmup
+  uint64_t threads = 0;    // data threads; 0: one per topology group
+  bool pin = true;         // --no-pin
+  bool shard = true;       // --no-shard
+  uint64_t batch = 16;     // WRITEs prepared per lane per visit of the posting loop
+  uint64_t doorbell = 16;  // WRITEs per doorbell: FI_MORE on all but the last of each group
+  bool lazy = true;        // --eager-post
+  bool numa = true;        // --no-numa
   bool ladder = false;
   double peer_timeout_s = 10;  // server: a client silent this long while it is owed WRITEs
   // Test-only switches, to prove that errors are caught.
@@ -54,10 +62,12 @@ struct Options {
 
 // Option groups a stage can ask for, by the first stage that teaches them.
 enum OptionGroup : unsigned {
-  kServeOptions = 1u << 0,     // -p, --domain, --address-file, --max-clients, --timeout
+  kServeOptions = 1u << 0,     // -p, --fabric, --domain, --address-file, --exit-after,
+                               // --timeout
   kTextOptions = 1u << 1,      // positional TEXT
-  kTransferOptions = 1u << 2,  // --memory, -S, --pages, --repeat, --seed, test switches
-  kWindowOptions = 1u << 3,    // -W, --requests, --json, --link-gbps
+  kTransferOptions = 1u << 2,  // --max-clients, --client-memory, --memory, --gpu-path, -S,
+                               // --pages, --repeat, --seed, test switches
+  kWindowOptions = 1u << 3,    // -W, --requests, --json, --link-gbps, --max-requests
   kWarmupOptions = 1u << 4,    // -w
   kLaneOptions = 1u << 5,      // --nics, --wait
   kEngineOptions = 1u << 6,    // 07's switches, --ladder, --peer-timeout
@@ -70,8 +80,8 @@ void AddOptions(CLI::App& app, Options& options, unsigned groups);
 // bad usage, with one line on stderr naming the bad value).
 // The options a client sends the server in its CONNECT (07), named for error messages.
 inline constexpr const char* kEngineOptionNames[] = {
-    "--no-warmup", "-w",           "--threads", "--no-pin", "--no-shard",
-    "--batch",     "--eager-post", "--no-numa", "--ladder", "-W"};
+    "--no-warmup", "-w",           "--threads", "--no-pin", "--no-shard", "--batch",
+    "--doorbell",  "--eager-post", "--no-numa", "--ladder", "-W"};
 
 int ParseCommandLine(CLI::App& app, int argc, char** argv);
 
@@ -79,5 +89,6 @@ int ParseCommandLine(CLI::App& app, int argc, char** argv);
 uint64_t ParseSize(const std::string& text, const std::string& what);
 
 const char* MemoryName(MemoryKind kind);
+const char* GpuPathName(GpuPathMode mode);
 
 }  // namespace common

@@ -51,17 +51,6 @@ std::span<uint8_t> PageBuffer::HostView() {
   return {host_.data(), size_};
 }
 
-const char* PathName(PageBuffer::Path path) {
-  switch (path) {
-    case PageBuffer::Path::kHost:
-      return "host memory";
-    case PageBuffer::Path::kGpuDirect:
-      return "GPU memory, registered with FI_HMEM_CUDA (GPUDirect RDMA)";
-    default:
-      return "GPU memory, staged through pinned host memory (the provider has no CUDA HMEM)";
-  }
-}
-
 MemoryKind ResolveMemory(MemoryKind requested) {
   if (requested == MemoryKind::kHost) return requested;
   const bool have_gpu = CudaDeviceCount() > 0;

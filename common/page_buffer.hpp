@@ -18,6 +18,7 @@ class PageBuffer {
  public:
   enum class Path { kHost, kGpuDirect, kGpuStaged };
 
+  PageBuffer() = default;
   PageBuffer(size_t size, Path path, int device = 0);
 
   Path path() const { return path_; }
@@ -36,15 +37,13 @@ class PageBuffer {
   std::span<uint8_t> HostView();
 
  private:
-  Path path_;
-  size_t size_;
-  int device_;
+  Path path_ = Path::kHost;
+  size_t size_ = 0;
+  int device_ = 0;
   HostBuffer host_;  // host path; for GPU paths, the read-back copy
   CudaBuffer gpu_;
   PinnedBuffer mirror_;  // staged path only
 };
-
-const char* PathName(PageBuffer::Path path);
 
 // --memory auto means cuda when a GPU is present; throws HardwareAbsent for cuda without one.
 MemoryKind ResolveMemory(MemoryKind requested);

@@ -1,30 +1,60 @@
 #include "program.hpp"
 
 #include "error.hpp"
+#include "provider.hpp"
+
+#include <semaphore.h>
+#include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <exception>
+#include <string>
+#include <thread>
 
 namespace common {
 
 static std::atomic<bool> stop_requested{false};
+static sem_t stop_signal;
 
 static void OnStopSignal(int) {
   stop_requested.store(true);
+  sem_post(&stop_signal);  // async-signal-safe: wakes the watchdog
 }
 
-void InstallStopHandlers() {
+void InstallStopHandlers(const char* program) {
+  sem_init(&stop_signal, 0, 0);
   struct sigaction action {};
   action.sa_handler = OnStopSignal;
   sigemptyset(&action.sa_mask);
   sigaction(SIGINT, &action, nullptr);
   sigaction(SIGTERM, &action, nullptr);
+  // A stop ends the program even when a provider call never returns (shm spins forever in a
+  // few cases; see docs/architecture.md): after kStopGraceSeconds the watchdog exits for it.
+  std::thread([program] {
+    while (sem_wait(&stop_signal) != 0) {
+    }
+    std::this_thread::sleep_for(std::chrono::duration<double>(kStopGraceSeconds));
+    const std::string line = std::string(program) + ": error: still inside a provider call " +
+                             std::to_string(static_cast<int>(kStopGraceSeconds)) +
+                             " s after the stop request; exiting without cleaning up\n";
+    [[maybe_unused]] ssize_t n = write(STDERR_FILENO, line.data(), line.size());
+    _exit(kExitFailure);
+  }).detach();
 }
 
 bool StopRequested() {
   return stop_requested.load(std::memory_order_relaxed);
+}
+
+void Abandon(const char* program, const std::string& why) {
+  std::fflush(stdout);
+  std::fprintf(stderr, "%s: error: %s\n", program, why.c_str());
+  std::fflush(stderr);
+  RemoveShmRegionsOf(getpid());
+  _exit(kExitFailure);
 }
 
 int RunProgram(const char* name, const std::function<int()>& body) {

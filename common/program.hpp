@@ -3,6 +3,7 @@
 #pragma once
 
 #include <functional>
+#include <string>
 
 namespace common {
 
@@ -11,8 +12,16 @@ namespace common {
 int RunProgram(const char* name, const std::function<int()>& body);
 
 // After this, SIGINT and SIGTERM only set a flag that StopRequested() returns, so loops
-// end cleanly and every handle is closed.
-void InstallStopHandlers();
+// end cleanly and every handle is closed; if the program is still running
+// kStopGraceSeconds later (stuck inside a provider call), it exits with one line and code 1.
+inline constexpr double kStopGraceSeconds = 5;
+void InstallStopHandlers(const char* program);
 bool StopRequested();
+
+// A client whose server or NIC is lost ends here, at once: "NAME: error: WHY" and exit 1,
+// without closing its endpoints. Closing an endpoint with operations still in flight is not
+// safe with every provider (libfabric 1.17's tcp;ofi_rxm crashed in fi_close), and the
+// process is ending anyway. Its shm regions, which the kernel does not free, are removed.
+[[noreturn]] void Abandon(const char* program, const std::string& why);
 
 }  // namespace common

@@ -71,6 +71,8 @@ std::vector<uint8_t> Encode(const Message& message) {
       w.Put(lane.region);
     }
     w.Put(c->engine);
+    w.Put(static_cast<uint32_t>(c->reply.size()));
+    w.PutBytes(c->reply);
   } else if (auto* t = std::get_if<Transfer>(&message)) {
     type = static_cast<uint16_t>(MessageType::kTransfer);
     w.Put(t->request_id);
@@ -86,8 +88,22 @@ std::vector<uint8_t> Encode(const Message& message) {
     const std::string text = e->text.substr(0, room);
     w.Put(static_cast<uint32_t>(text.size()));
     w.PutBytes({reinterpret_cast<const uint8_t*>(text.data()), text.size()});
-  } else if (std::holds_alternative<Accept>(message)) {
+  } else if (auto* a = std::get_if<Accept>(&message)) {
     type = static_cast<uint16_t>(MessageType::kAccept);
+    w.Put(static_cast<uint32_t>(a->writers.size()));
+    for (const auto& address : a->writers) {
+      w.Put(static_cast<uint32_t>(address.size()));
+      w.PutBytes(address);
+    }
+    w.Put(a->setup_ns);
+  } else if (auto* d = std::get_if<Done>(&message)) {
+    type = static_cast<uint16_t>(MessageType::kDone);
+    w.Put(d->request_id);
+    w.Put(uint32_t{0});
+    w.Put(d->writes);
+    w.Put(d->first_post_ns);
+    w.Put(d->last_completion_ns);
+    w.Put(d->fill_ns);
   } else {
     type = static_cast<uint16_t>(MessageType::kBye);
   }
@@ -134,7 +150,14 @@ Message Decode(std::span<const uint8_t> bytes) {
       CheckAtMost(c.engine.threads, kMaxLanes, "engine threads");
       if (c.engine.batch == 0) throw ProtocolError("engine batch 0");
       CheckAtMost(c.engine.batch, kMaxBatch, "engine batch");
+      if (c.engine.doorbell == 0) throw ProtocolError("engine doorbell 0");
+      CheckAtMost(c.engine.doorbell, kMaxBatch, "engine doorbell");
       CheckAtMost(c.engine.window, kMaxWindow, "engine window");
+      CheckAtMost(c.engine.memory, kMaxRegionBytes, "engine memory");
+      const auto reply = r.Get<uint32_t>("reply address length");
+      CheckAtMost(reply, kMaxAddressBytes, "reply address length");
+      auto bytes = r.GetBytes(reply, "reply address");
+      c.reply.assign(bytes.begin(), bytes.end());
       r.ExpectEnd();
       return c;
     }
@@ -164,9 +187,34 @@ Message Decode(std::span<const uint8_t> bytes) {
     case MessageType::kBye:
       r.ExpectEnd();
       return Bye{};
-    case MessageType::kAccept:
+    case MessageType::kAccept: {
+      Accept a;
+      const auto n = r.Get<uint32_t>("writer count");
+      CheckAtMost(n, kMaxLanes, "writer count");
+      for (uint32_t i = 0; i < n; ++i) {
+        const auto length = r.Get<uint32_t>("address length");
+        if (length == 0) throw ProtocolError("address length 0");
+        CheckAtMost(length, kMaxAddressBytes, "address length");
+        auto address = r.GetBytes(length, "address");
+        a.writers.emplace_back(address.begin(), address.end());
+      }
+      a.setup_ns = r.Get<uint64_t>("setup time");
       r.ExpectEnd();
-      return Accept{};
+      return a;
+    }
+    case MessageType::kDone: {
+      Done d;
+      d.request_id = r.Get<uint32_t>("request id");
+      r.Get<uint32_t>("padding");
+      d.writes = r.Get<uint64_t>("writes");
+      d.first_post_ns = r.Get<uint64_t>("first post");
+      d.last_completion_ns = r.Get<uint64_t>("last completion");
+      d.fill_ns = r.Get<uint64_t>("fill time");
+      if (d.last_completion_ns < d.first_post_ns)
+        throw ProtocolError("last completion before first post");
+      r.ExpectEnd();
+      return d;
+    }
   }
   throw ProtocolError("unknown message type " + std::to_string(h.type));
 }

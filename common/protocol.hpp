@@ -1,7 +1,7 @@
-// The wire protocol of stages 03 onward (DESIGN.md, "Wire protocol"): control messages that
-// travel by SEND/RECV on lane 0. Every message starts with a fixed header, and the receiver
-// validates every field before it acts on one. One definition for all stages, so that a
-// fix to validation reaches every stage at once and is unit-tested once.
+// The wire protocol of stages 03 onward (docs/wire-protocol.md): control messages that travel
+// by SEND/RECV on lane 0. Every message starts with a fixed header, and the receiver validates
+// every field before it acts on one. One definition for all stages, so that a fix to
+// validation reaches every stage at once and is unit-tested once.
 #pragma once
 
 #include <cstdint>
@@ -32,7 +32,8 @@ enum class MessageType : uint16_t {
   kTransfer = 2,
   kError = 3,
   kBye = 4,
-  kAccept = 5
+  kAccept = 5,
+  kDone = 6
 };
 
 struct Header {
@@ -71,14 +72,20 @@ inline constexpr uint32_t kMaxWindow = 1u << 16;  // per lane: the server alloca
 
 struct Engine {
   uint32_t flags = 0;
-  uint32_t threads = 0;  // data threads; 0: one per topology group
-  uint32_t batch = 1;    // WRITEs handed to the provider per post (FI_MORE on all but the last)
-  uint32_t window = 0;   // WRITEs in flight for this client; 0: the server's choice
+  uint32_t threads = 0;   // data threads; 0: one per topology group
+  uint32_t batch = 1;     // WRITEs prepared per visit of a lane in the posting loop
+  uint32_t window = 0;    // WRITEs in flight per lane; 0: the server's choice
+  uint32_t doorbell = 1;  // WRITEs per doorbell: FI_MORE on all but the last of each group
+  uint32_t reserved = 0;
+  uint64_t memory = 0;  // bytes of source pages per lane its requests need at once (07)
 };
 
 struct Connect {
   std::vector<Lane> lanes;
   Engine engine;
+  // Where the server's answers go: a control endpoint of the client's own (07). Empty: the
+  // address of lane 0 (03-06, whose lane 0 carries both messages and WRITEs).
+  std::vector<uint8_t> reply;
 };
 
 struct Transfer {
@@ -98,10 +105,25 @@ struct Bye {};
 
 // The server's answer to CONNECT: the client's addresses are in its AV now. A client sends
 // nothing else before it: a message read together with the CONNECT that introduced its
-// sender would otherwise come without a known source (FI_ADDR_NOTAVAIL).
-struct Accept {};
+// sender would otherwise come without a known source (FI_ADDR_NOTAVAIL). 07 names the
+// endpoints its WRITEs will come from, one per lane, so the client can tell them from others.
+struct Accept {
+  std::vector<std::vector<uint8_t>> writers;  // empty before 07
+  uint64_t setup_ns = 0;  // 07: what opening the session cost the server (endpoints, memory)
+};
 
-using Message = std::variant<Connect, Transfer, ErrorReply, Bye, Accept>;
+// A request the server has finished: its first WRITE posted and its last completed, in the
+// server's own clock (nanoseconds; only differences mean anything), so the client can report
+// the server's time beside its own.
+struct Done {
+  uint32_t request_id = 0;
+  uint64_t writes = 0;
+  uint64_t first_post_ns = 0;
+  uint64_t last_completion_ns = 0;
+  uint64_t fill_ns = 0;  // 07: filling the request's pages (a cost per request, not per WRITE)
+};
+
+using Message = std::variant<Connect, Transfer, ErrorReply, Bye, Accept, Done>;
 
 // A message that breaks the protocol; the text says which field and value.
 class ProtocolError : public Error {

@@ -3,6 +3,7 @@
 #include "address.hpp"
 #include "error.hpp"
 
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -11,8 +12,22 @@
 
 namespace common {
 
-static constexpr uint32_t kApiVersion = FI_VERSION(1, 17);
 static const char* const kDefaultProviders[] = {"efa", "verbs;ofi_rxm", "tcp;ofi_rxm"};
+
+uint32_t ApiVersion() {
+  return FI_VERSION(FI_MAJOR_VERSION, FI_MINOR_VERSION);
+}
+
+std::string VersionText(uint32_t version) {
+  return std::to_string(FI_MAJOR(version)) + "." + std::to_string(FI_MINOR(version));
+}
+
+std::string LibraryProblem(uint32_t library, uint32_t wanted) {
+  if (FI_VERSION_GE(library, wanted)) return "";
+  return "this program was built with libfabric " + VersionText(wanted) +
+         " headers but the loader found libfabric " + VersionText(library) +
+         " (LD_LIBRARY_PATH, or rebuild against it)";
+}
 
 std::string CanonicalProvider(const std::string& name) {
   if (name == "tcp") return "tcp;ofi_rxm";
@@ -29,7 +44,7 @@ static std::string Join(const std::vector<std::string>& items) {
 std::vector<std::string> AvailableProviders() {
   fi_info* list = nullptr;
   std::vector<std::string> names;
-  if (fi_getinfo(kApiVersion, nullptr, nullptr, 0, nullptr, &list) != 0) return names;
+  if (fi_getinfo(ApiVersion(), nullptr, nullptr, 0, nullptr, &list) != 0) return names;
   FiInfoPtr owner(list);
   for (const fi_info* i = list; i != nullptr; i = i->next) {
     std::string name = i->fabric_attr->prov_name;
@@ -40,6 +55,24 @@ std::vector<std::string> AvailableProviders() {
   return names;
 }
 
+std::vector<const fi_info*> EntriesOfFabric(const fi_info* list, const std::string& fabric) {
+  std::vector<const fi_info*> kept;
+  for (const fi_info* i = list; i != nullptr; i = i->next) {
+    const std::string provider = i->fabric_attr->prov_name ? i->fabric_attr->prov_name : "";
+    const std::string name = i->fabric_attr->name ? i->fabric_attr->name : "";
+    const std::string want = !fabric.empty() ? fabric : provider == "efa" ? "efa" : "";
+    if (want.empty() || name == want) kept.push_back(i);
+  }
+  return kept;
+}
+
+std::string ImmediateDataProblem(const fi_info& entry) {
+  if (entry.domain_attr->cq_data_size >= 4) return "";
+  return std::string("provider ") + entry.fabric_attr->prov_name + " carries " +
+         std::to_string(entry.domain_attr->cq_data_size) +
+         " bytes of immediate data (cq_data_size), but each WRITE names its request in 4";
+}
+
 // All entries of one provider that match the hints; empty when there are none.
 static FiInfoPtr GetInfo(const fi_info& hints, const std::string& provider) {
   FiInfoPtr h(fi_dupinfo(&hints));
@@ -47,7 +80,7 @@ static FiInfoPtr GetInfo(const fi_info& hints, const std::string& provider) {
   free(h->fabric_attr->prov_name);
   h->fabric_attr->prov_name = strdup(provider.c_str());
   fi_info* list = nullptr;
-  int rc = fi_getinfo(kApiVersion, nullptr, nullptr, 0, h.get(), &list);
+  int rc = fi_getinfo(ApiVersion(), nullptr, nullptr, 0, h.get(), &list);
   if (rc == -FI_ENODATA) return nullptr;
   FI_CHECK(rc);
   return FiInfoPtr(list);
@@ -69,10 +102,43 @@ static void RemoveStaleShmRegions() {
   done = true;
 }
 
-std::vector<FiInfoPtr> SelectDomains(const fi_info& hints, const std::string& provider,
-                                     const std::string& domain, std::span<const uint8_t> peer) {
+// shm keeps each endpoint's queues in a file of /dev/shm and declines to start (its log says
+// "Not enough available space") when that file system is missing or nearly full.
+static std::string ShmProblem() {
+  struct statvfs fs {};
+  if (statvfs("/dev/shm", &fs) != 0)
+    return "/dev/shm is not there (" + std::string(std::strerror(errno)) + ")";
+  const double free_mib = static_cast<double>(fs.f_bavail) * fs.f_frsize / (1 << 20);
+  if (free_mib < 64)
+    return "/dev/shm has " + std::to_string(static_cast<long>(free_mib)) +
+           " MiB free, and shm needs about 16 MiB per endpoint";
+  if (access("/dev/shm", W_OK) != 0) return "/dev/shm is not writable";
+  return "";
+}
+
+// The provider's entries, or a UsageError that names what is wrong and what there is.
+static FiInfoPtr ProviderEntries(const fi_info& hints, const std::string& asked,
+                                 const std::string& chosen) {
+  FiInfoPtr list = GetInfo(hints, chosen);
+  if (list) return list;
+  auto all = AvailableProviders();
+  bool known = false;
+  for (const auto& n : all) known = known || n == chosen;
+  if (!known && chosen == "shm") {
+    const std::string why = ShmProblem();
+    if (!why.empty()) throw UsageError("provider shm cannot start here: " + why);
+  }
+  if (!known)
+    throw UsageError("unknown provider '" + asked + "' (this machine has: " + Join(all) + ")");
+  throw UsageError("provider '" + chosen +
+                   "' offers no reliable datagram endpoint with what this program needs here");
+}
+
+std::vector<FiInfoPtr> SelectDomains(const fi_info& hints, const Options& options,
+                                     std::span<const uint8_t> peer, std::string* no_hmem) {
+  if (auto why = LibraryProblem(fi_version(), ApiVersion()); !why.empty()) throw Error(why);
   FiInfoPtr list;
-  std::string chosen = CanonicalProvider(provider);
+  std::string chosen = CanonicalProvider(options.provider);
   if (chosen.empty()) {
     for (const char* candidate : kDefaultProviders) {
       if ((list = GetInfo(hints, candidate))) {
@@ -80,32 +146,50 @@ std::vector<FiInfoPtr> SelectDomains(const fi_info& hints, const std::string& pr
         break;
       }
     }
+    if (!list && (hints.caps & FI_HMEM) && no_hmem != nullptr) {
+      FiInfoPtr plain(fi_dupinfo(&hints));
+      plain->caps &= ~FI_HMEM;
+      auto domains = SelectDomains(*plain, options, peer);
+      *no_hmem = std::string("none of efa, verbs;ofi_rxm, tcp;ofi_rxm offers FI_HMEM here");
+      return domains;
+    }
     if (!list)
       throw Error(
           "none of efa, verbs;ofi_rxm, tcp;ofi_rxm is usable here; name one with -p "
           "(this machine has: " +
           Join(AvailableProviders()) + ")");
   } else {
-    list = GetInfo(hints, chosen);
-    if (!list) {
-      auto all = AvailableProviders();
-      bool known = false;
-      for (const auto& n : all) known = known || n == chosen;
-      if (!known)
-        throw UsageError("unknown provider '" + provider + "' (this machine has: " + Join(all) +
-                         ")");
-      throw UsageError("provider '" + chosen +
-                       "' offers no reliable datagram endpoint with messages and RMA here");
+    if ((hints.caps & FI_HMEM) && no_hmem != nullptr && !(list = GetInfo(hints, chosen))) {
+      FiInfoPtr plain(fi_dupinfo(&hints));
+      plain->caps &= ~FI_HMEM;
+      auto domains = SelectDomains(*plain, options, peer);
+      *no_hmem = "provider " + chosen + " offers no FI_HMEM (GPU memory) here";
+      return domains;
     }
+    if (!list) list = ProviderEntries(hints, options.provider, chosen);
+  }
+
+  std::vector<const fi_info*> entries = EntriesOfFabric(list.get(), options.fabric);
+  if (entries.empty()) {
+    std::vector<std::string> fabrics;
+    for (const fi_info* i = list.get(); i != nullptr; i = i->next)
+      if (!std::set<std::string>(fabrics.begin(), fabrics.end()).count(i->fabric_attr->name))
+        fabrics.push_back(i->fabric_attr->name);
+    throw UsageError("provider " + chosen + " has no fabric '" + options.fabric +
+                     "' (fabrics: " + Join(fabrics) + ")");
+  }
+  if (hints.caps & FI_RMA) {
+    const std::string problem = ImmediateDataProblem(*entries.front());
+    if (!problem.empty()) throw UsageError(problem);
   }
 
   std::vector<FiInfoPtr> domains;
   std::vector<std::string> names;
   bool wrong_address = false;
-  for (const fi_info* i = list.get(); i != nullptr; i = i->next) {
+  for (const fi_info* i : entries) {
     const std::string name = i->domain_attr->name ? i->domain_attr->name : "";
     if (!std::set<std::string>(names.begin(), names.end()).count(name)) names.push_back(name);
-    if (!domain.empty() && name != domain) continue;
+    if (!options.domain.empty() && name != options.domain) continue;
     if (!peer.empty()) {
       auto len = AddressLength(i->addr_format);
       if (len ? *len != peer.size() : i->addr_format != FI_ADDR_STR) {
@@ -119,11 +203,11 @@ std::vector<FiInfoPtr> SelectDomains(const fi_info& hints, const std::string& pr
     domains.emplace_back(fi_dupinfo(i));
     domains.back()->next = nullptr;
   }
-  if (domains.empty() && !domain.empty() && !wrong_address)
-    throw UsageError("provider " + chosen + " has no domain '" + domain +
+  if (domains.empty() && !options.domain.empty() && !wrong_address)
+    throw UsageError("provider " + chosen + " has no domain '" + options.domain +
                      "' (domains: " + Join(names) + ")");
   if (domains.empty()) {
-    CheckAddress(peer, *list);  // throws the one-line reason
+    CheckAddress(peer, *entries.front());  // throws the one-line reason
     throw UsageError("address does not fit provider " + chosen);
   }
   if (!peer.empty()) CheckAddress(peer, *domains.front());
@@ -131,9 +215,9 @@ std::vector<FiInfoPtr> SelectDomains(const fi_info& hints, const std::string& pr
   return domains;
 }
 
-FiInfoPtr SelectProvider(const fi_info& hints, const std::string& provider,
-                         const std::string& domain, std::span<const uint8_t> peer) {
-  auto domains = SelectDomains(hints, provider, domain, peer);
+FiInfoPtr SelectProvider(const fi_info& hints, const Options& options,
+                         std::span<const uint8_t> peer, std::string* no_hmem) {
+  auto domains = SelectDomains(hints, options, peer, no_hmem);
   return std::move(domains.front());
 }
 

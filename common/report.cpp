@@ -10,32 +10,74 @@ double Gbps(uint64_t bytes, double seconds) {
   return seconds > 0 ? static_cast<double>(bytes) * 8 / seconds / 1e9 : 0;
 }
 
+// A JSON string's contents: quotes, backslashes and control characters escaped.
+static std::string JsonText(const std::string& text) {
+  std::string out;
+  for (char c : text) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      out += ' ';
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
 std::string FormatSummary(const Summary& s, bool json) {
   const double gbps = Gbps(s.bytes, s.seconds);
   const double mpps = s.seconds > 0 ? static_cast<double>(s.writes) / s.seconds / 1e6 : 0;
   const double percent = s.link_gbps > 0 ? 100 * gbps / s.link_gbps : 0;
-  char line[512];
+  char line[1024];
   if (json) {
     std::snprintf(line, sizeof(line),
-                  "{\"bytes\":%llu,\"writes\":%llu,\"seconds\":%.6f,\"gbps\":%.3f,"
-                  "\"link_gbps\":%.3f,\"percent_of_link\":%.2f,\"mpps\":%.4f,"
-                  "\"verified_bytes\":%llu,\"lanes\":%d%s%s%s}",
+                  "{\"bytes\":%llu,\"writes\":%llu,\"seconds\":%.6f,\"server_seconds\":%.6f,"
+                  "\"gbps\":%.3f,\"link_gbps\":%.3f,\"percent_of_link\":%.2f,\"mpps\":%.4f,"
+                  "\"verified_bytes\":%llu,\"lanes\":%d,\"memory\":\"%s\",\"memory_why\":\"%s\","
+                  "\"server_setup_seconds\":%.6f,\"server_fill_seconds\":%.6f%s%s%s}",
                   static_cast<unsigned long long>(s.bytes),
-                  static_cast<unsigned long long>(s.writes), s.seconds, gbps, s.link_gbps, percent,
-                  mpps, static_cast<unsigned long long>(s.verified_bytes), s.lanes,
-                  s.step.empty() ? "" : ",\"step\":\"", s.step.c_str(), s.step.empty() ? "" : "\"");
+                  static_cast<unsigned long long>(s.writes), s.seconds, s.server_seconds, gbps,
+                  s.link_gbps, percent, mpps, static_cast<unsigned long long>(s.verified_bytes),
+                  s.lanes, s.memory.c_str(), JsonText(s.memory_why).c_str(), s.server_setup_seconds,
+                  s.server_fill_seconds, s.step.empty() ? "" : ",\"step\":\"",
+                  JsonText(s.step).c_str(), s.step.empty() ? "" : "\"");
   } else {
     char link[64] = "link rate unknown: --link-gbps";
     if (s.link_gbps > 0)
       std::snprintf(link, sizeof(link), "%.1f%% of %.3g Gbps", percent, s.link_gbps);
     std::snprintf(line, sizeof(line),
                   "summary: %llu bytes in %.3f s = %.3f Gbps (%s), %.3f Mpps, %llu WRITEs, "
-                  "%d lane%s, verified %llu bytes",
+                  "%d lane%s, verified %llu bytes; server %.3f s; pages in %s memory",
                   static_cast<unsigned long long>(s.bytes), s.seconds, gbps, link, mpps,
                   static_cast<unsigned long long>(s.writes), s.lanes, s.lanes == 1 ? "" : "s",
-                  static_cast<unsigned long long>(s.verified_bytes));
+                  static_cast<unsigned long long>(s.verified_bytes), s.server_seconds,
+                  s.memory == "host"          ? "host"
+                  : s.memory == "cuda-direct" ? "GPU (direct)"
+                                              : "GPU (staged)");
   }
   return line;
+}
+
+std::string ClockProblem(const Summary& s, double wall_seconds) {
+  char why[256] = "";
+  const double gbps = Gbps(s.bytes, s.seconds);
+  if (s.bytes > 0 && !(s.seconds > 0))
+    std::snprintf(why, sizeof(why), "%llu bytes in no measurable time",
+                  static_cast<unsigned long long>(s.bytes));
+  else if (s.seconds > wall_seconds + 1e-3)
+    std::snprintf(why, sizeof(why), "a span of %.6f s measured inside a run of %.6f s", s.seconds,
+                  wall_seconds);
+  else if (s.server_seconds > s.seconds * 1.05 + 0.02)
+    std::snprintf(why, sizeof(why),
+                  "the server wrote for %.6f s, longer than the client waited (%.6f s)",
+                  s.server_seconds, s.seconds);
+  else if (s.link_gbps > 0 && gbps > 1.05 * s.link_gbps)
+    std::snprintf(why, sizeof(why),
+                  "%.3f Gbps is above the link's %.3f Gbps (is --link-gbps right?)", gbps,
+                  s.link_gbps);
+  return why;
 }
 
 void PrintSummary(const Summary& s, bool json) {

@@ -1,4 +1,4 @@
-// The figures every transfer stage ends with (DESIGN.md, "Benchmarks").
+// The figures every transfer stage ends with (docs/architecture.md, "Benchmarks").
 #pragma once
 
 #include <chrono>
@@ -10,12 +10,26 @@ namespace common {
 struct Summary {
   uint64_t bytes = 0;   // payload written, repeats included
   uint64_t writes = 0;  // RDMA WRITE operations
+  // The client's clock: from its first TRANSFER sent to its last WRITE landed. Nothing a
+  // provider does with its completions can shrink it below the transfer's real duration.
   double seconds = 0;
+  // The server's clock: from its first WRITE posted to its last completed (DONE messages).
+  double server_seconds = 0;
+  // 07: what opening the session cost the server (once), and filling pages (per request).
+  double server_setup_seconds = 0;
+  double server_fill_seconds = 0;
   double link_gbps = 0;         // theoretical rate; 0 when unknown
   uint64_t verified_bytes = 0;  // distinct bytes checked against the seed's data
   int lanes = 1;
-  std::string step;  // 07 --ladder: which rung of the ladder this is
+  std::string memory = "host";  // host, cuda-direct or cuda-staged
+  std::string memory_why;       // how GPU memory moves (direct), or why it is staged
+  std::string step;             // 07 --ladder: which rung of the ladder this is
 };
+
+// "" when the figures are possible, else what is wrong: a span longer than the wall time of
+// the run it was measured in, a server busier than its client waited, a rate above the link.
+// Every transfer stage checks before it prints: a figure that cannot be true is a bug.
+std::string ClockProblem(const Summary& s, double wall_seconds);
 
 double Gbps(uint64_t bytes, double seconds);
 

@@ -127,6 +127,30 @@ bool BindThreadMemory(const Topology& topology, int numa, std::string& why) {
   return rc == 0;
 }
 
+std::string DescribePlacement(const Topology& topology) {
+  hwloc_bitmap_t set = hwloc_bitmap_alloc();
+  std::string out = "cpus ?";
+  if (hwloc_get_cpubind(topology.get(), set, HWLOC_CPUBIND_THREAD) == 0) {
+    std::vector<unsigned> cpus;
+    for (int i = hwloc_bitmap_first(set); i >= 0; i = hwloc_bitmap_next(set, i))
+      cpus.push_back(static_cast<unsigned>(i));
+    out = "cpus " + FormatCpuList(cpus);
+  }
+  hwloc_membind_policy_t policy = HWLOC_MEMBIND_DEFAULT;
+  if (hwloc_get_membind(topology.get(), set, &policy,
+                        HWLOC_MEMBIND_THREAD | HWLOC_MEMBIND_BYNODESET) == 0 &&
+      policy == HWLOC_MEMBIND_BIND) {
+    std::vector<unsigned> nodes;
+    for (int i = hwloc_bitmap_first(set); i >= 0; i = hwloc_bitmap_next(set, i))
+      nodes.push_back(static_cast<unsigned>(i));
+    out += ", memory bound to node " + FormatCpuList(nodes);
+  } else {
+    out += ", memory anywhere";
+  }
+  hwloc_bitmap_free(set);
+  return out;
+}
+
 std::vector<DeviceGroup> GroupDevices(const Topology& topology, const std::vector<PciAddress>& gpus,
                                       const std::vector<NicDevice>& nics) {
   hwloc_topology_t t = topology.get();

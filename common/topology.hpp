@@ -1,4 +1,4 @@
-// Which NICs, NUMA node and cores belong to which GPU (DESIGN.md, "Topology"), read from
+// Which NICs, NUMA node and cores belong to which GPU (docs/architecture.md, "Topology"), read from
 // hwloc. GroupDevices is a pure function of an hwloc topology and the device lists, so it is
 // unit-tested on XML fixtures (tests/data/) shaped like real machines.
 #pragma once
@@ -66,6 +66,10 @@ std::vector<DeviceGroup> GroupDevices(const Topology& topology, const std::vecto
 bool PinThread(const Topology& topology, unsigned cpu, std::string& why);
 // Makes the calling thread's later allocations come from NUMA node `numa` (os index).
 bool BindThreadMemory(const Topology& topology, int numa, std::string& why);
+// Where the operating system says the calling thread may run and allocates from, read back:
+// "cpus 3, memory bound to node 0" or "cpus 0-1, memory anywhere". What --pin and --numa did
+// shows here, not in their names.
+std::string DescribePlacement(const Topology& topology);
 
 // "0-11", "0-3,8,10-11"
 std::string FormatCpuList(const std::vector<unsigned>& cpus);

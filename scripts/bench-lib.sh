@@ -26,7 +26,7 @@ run() {
   local cpus=(); [ -n "${PROGRAM_CPUS:-}" ] && cpus=(taskset -c "$PROGRAM_CPUS")
   rm -f "$tmp/addr"
   scripts/minicluster exec A "${cpus[@]}" "$bin" -p tcp $server_args --memory host --address-file "$tmp/addr" \
-    --max-clients "${MAX_CLIENTS:-1}" >"$tmp/server.log" 2>&1 &
+    --exit-after "${MAX_CLIENTS:-1}" >"$tmp/server.log" 2>&1 &
   local server=$!
   for _ in $(seq 200); do [ -s "$tmp/addr" ] && break; sleep 0.05; done
   scripts/minicluster exec B "${cpus[@]}" "$bin" -p tcp "$(cat "$tmp/addr")" --memory host --json $client_args ||

@@ -59,9 +59,9 @@ Result Transfer(const MiniCluster& mc, const std::string& stage,
                 Result* server_result) {
   TempDir dir;
   const std::string address_file = dir.path() + "/addr";
-  std::vector<std::string> server = {
-      StageBinary(stage), "-p",         "tcp",           "--memory", "host",
-      "--address-file",   address_file, "--max-clients", "1"};
+  std::vector<std::string> server = {StageBinary(stage), "-p",           "tcp",
+                                     "--memory",         "host",         "--address-file",
+                                     address_file,       "--exit-after", "1"};
   server.insert(server.end(), server_args.begin(), server_args.end());
   Process p(mc.On("A", server));
   const std::string address = WaitForLine(address_file, 20s);

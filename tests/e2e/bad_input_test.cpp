@@ -57,7 +57,7 @@ TEST_P(BadInput, UnknownOption) {
 }
 
 TEST_P(BadInput, SizeWithUnknownSuffix) {
-  ExpectUsageError({"--max-clients", "12q"}, "invalid size '12q' for --max-clients");
+  ExpectUsageError({"--exit-after", "12q"}, "invalid size '12q' for --exit-after");
 }
 
 TEST_P(BadInput, TimeoutNotANumber) {

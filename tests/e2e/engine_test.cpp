@@ -71,13 +71,27 @@ TEST_P(Engine, OneTwoAndFourLanesWithOneAndTwoThreads) {
   EXPECT_NE(done.out.find("served 6 clients"), std::string::npos) << done.out;
 }
 
-// Every switch off at once (the ladder's first rung), then the ladder turning each one on.
-TEST_P(Engine, EverySwitchOfTheLadder) {
-  StageServer server(kStage, provider(), 9, {"--memory", "host", "--nics", "2"});
+// The server's last line about a session: its totals and what each rung did, as counted.
+std::vector<std::string> SessionLines(const std::string& log) {
+  std::vector<std::string> lines;
+  for (size_t at = log.find(" done: "); at != std::string::npos; at = log.find(" done: ", at + 1)) {
+    const size_t start = log.rfind('\n', at) + 1;
+    lines.push_back(log.substr(start, log.find('\n', at) - start));
+  }
+  return lines;
+}
+
+// Every switch off at once (the ladder's first rung), then the ladder turning each one on:
+// each rung verifies its transfer, and each switch shows in what the server's threads did
+// (where they run and allocate, locks taken, WRITEs per visit and per doorbell, where they
+// were posted from), not only in its name.
+TEST_P(Engine, EverySwitchOfTheLadderDoesWhatItSays) {
+  StageServer server(kStage, provider(), 10, {"--memory", "host", "--nics", "2"});
   ASSERT_FALSE(server.address().empty());
-  Result off = RunClient(kStage, provider(), server.address(),
-                         Small(40, {"--nics", "2", "--no-warmup", "--threads", "1", "--no-pin",
-                                    "--no-shard", "--batch", "1", "--eager-post", "--no-numa"}));
+  Result off =
+      RunClient(kStage, provider(), server.address(),
+                Small(40, {"--nics", "2", "--no-warmup", "--threads", "1", "--no-pin", "--no-shard",
+                           "--batch", "1", "--doorbell", "1", "--eager-post", "--no-numa"}));
   ASSERT_EQ(off.exit_code, 0) << off.out << off.err;
   EXPECT_EQ(NumberAfter(off.out, "verified "), 40LL * 16384 * 2);
 
@@ -91,7 +105,8 @@ TEST_P(Engine, EverySwitchOfTheLadder) {
                          "+ sharded per-thread state",
                          "+ batching 16 WRITEs per post",
                          "+ lazy posting (progress in CQ poll)",
-                         "+ NUMA-aware allocation"};
+                         "+ NUMA-aware allocation",
+                         "+ one doorbell per 16 WRITEs (FI_MORE)"};
   size_t at = 0;
   for (const char* rung : rungs) {
     const std::string row = std::string("\"step\":\"") + rung + "\"";
@@ -105,16 +120,44 @@ TEST_P(Engine, EverySwitchOfTheLadder) {
   EXPECT_NE(ladder.out.find("| step | Gbps | % of link | Mpps |"), std::string::npos);
 
   Result done = server.Wait();
-  EXPECT_EQ(done.exit_code, 0) << done.err;
+  ASSERT_EQ(done.exit_code, 0) << done.err;
   const std::string& log = done.out;
   EXPECT_NE(log.find("1 thread, not pinned, one shared state, batch 1, eager posting, no NUMA "
-                     "binding"),
+                     "binding, doorbell 1"),
             std::string::npos)
       << log;
-  EXPECT_NE(log.find("2 threads, pinned, sharded, batch 16, lazy posting, NUMA-bound"),
-            std::string::npos)
-      << log;
-  EXPECT_NE(log.find("warmup: wrote 2 pages"), std::string::npos) << log;  // a page per lane
+  const auto lines = SessionLines(log);
+  ASSERT_EQ(lines.size(), 10u) << log;  // the client with every switch off, then 9 rungs
+  auto has = [&](size_t session, const std::string& text) {
+    return lines[session].find(text) != std::string::npos;
+  };
+  // Everything off: one shared state (locks taken), one WRITE per lane per visit, a doorbell
+  // per WRITE, posted where prepared, the thread free to run and allocate anywhere.
+  EXPECT_TRUE(has(0, "1 threads (cpus 0-1, memory anywhere)")) << lines[0];
+  EXPECT_FALSE(has(0, " 0 lock acquisitions")) << lines[0];
+  EXPECT_TRUE(has(0, "at most 2 WRITEs prepared per visit")) << lines[0];
+  EXPECT_TRUE(has(0, "1.00 WRITEs per doorbell")) << lines[0];
+  EXPECT_TRUE(has(0, " 0% posted from the CQ poll")) << lines[0];
+  // Rung 1 is the same engine; warmup is the client's (its WRITEs are the server's warmup
+  // request); then each switch on in turn: rungs are sessions 1..9.
+  EXPECT_NE(log.find("warmup: 32 WRITEs"), std::string::npos) << log;  // 2 lanes x 16
+  EXPECT_TRUE(has(3, "2 threads (cpus 0-1, memory anywhere; cpus 0-1, memory anywhere)"))
+      << lines[3];
+  EXPECT_TRUE(has(4, "2 threads (cpus 0, memory anywhere; cpus 1, memory anywhere)")) << lines[4];
+  EXPECT_FALSE(has(4, " 0 lock acquisitions")) << lines[4];
+  EXPECT_TRUE(has(5, " 0 lock acquisitions")) << lines[5];
+  EXPECT_TRUE(has(5, "at most 1 WRITEs prepared per visit")) << lines[5];  // a lane per thread
+  EXPECT_TRUE(has(6, "at most 16 WRITEs prepared per visit")) << lines[6];
+  EXPECT_TRUE(has(6, " 0% posted from the CQ poll")) << lines[6];
+  EXPECT_TRUE(has(7, " 100% posted from the CQ poll")) << lines[7];
+  EXPECT_TRUE(has(7, "memory anywhere")) << lines[7];
+  EXPECT_TRUE(has(8, "cpus 0, memory bound to node 0")) << lines[8];
+  EXPECT_TRUE(has(8, "1.00 WRITEs per doorbell")) << lines[8];
+  // FI_MORE on all but the last of each group of 16: more than one WRITE per doorbell.
+  const size_t per = lines[9].find(" WRITEs per doorbell");
+  ASSERT_NE(per, std::string::npos) << lines[9];
+  const double per_doorbell = std::stod(lines[9].substr(lines[9].rfind(", ", per) + 2));
+  EXPECT_GT(per_doorbell, 2.0) << lines[9];
 }
 
 TEST_P(Engine, FourClientsAtOnce) {
@@ -152,13 +195,14 @@ TEST_P(Engine, KilledClientIsCleanedUpWhileOthersFinish) {
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_EQ(NumberAfter(r.out, "verified "), 200LL * 16384 * 2);
   ASSERT_TRUE(WaitForOutput(server.process(), "client 1 lost: ", 30s)) << server.process().Output();
+  EXPECT_FALSE(WaitForOutput(server.process(), "client 2 lost", 0s)) << server.process().Output();
   Result third = RunClient(kStage, provider(), server.address(), Small(50, {"--nics", "2"}));
   ASSERT_EQ(third.exit_code, 0) << third.out << third.err;
   EXPECT_EQ(NumberAfter(third.out, "verified "), 50LL * 16384 * 2);
   Result done = server.Wait();
   EXPECT_EQ(done.exit_code, 0) << done.err;
-  EXPECT_NE(done.out.find("client 1 cleaned up"), std::string::npos) << done.out;
-  EXPECT_NE(done.out.find("client 3 done"), std::string::npos) << done.out;
+  EXPECT_NE(done.out.find("client 2 done: "), std::string::npos) << done.out;
+  EXPECT_NE(done.out.find("client 3 done: "), std::string::npos) << done.out;
 }
 
 // A CONNECT that names another client's lane (to have the server write into its region with

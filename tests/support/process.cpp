@@ -161,13 +161,13 @@ std::vector<std::string> ProviderArgs(const std::string& provider) {
   return {"-p", provider};
 }
 
-StageServer::StageServer(const std::string& stage, const std::string& provider, int max_clients,
+StageServer::StageServer(const std::string& stage, const std::string& provider, int exit_after,
                          std::vector<std::string> extra) {
   const std::string address_file = dir_.path() + "/addr";
   std::vector<std::string> argv = {StageBinary(stage), "--address-file", address_file};
-  if (max_clients > 0) {
-    argv.push_back("--max-clients");
-    argv.push_back(std::to_string(max_clients));
+  if (exit_after > 0) {
+    argv.push_back("--exit-after");
+    argv.push_back(std::to_string(exit_after));
   }
   for (auto& a : ProviderArgs(provider)) argv.push_back(a);
   for (auto& a : extra) argv.push_back(a);

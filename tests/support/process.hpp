@@ -66,11 +66,11 @@ long long NumberAfter(const std::string& text, const std::string& key);
 // this host.
 std::vector<std::string> ProviderArgs(const std::string& provider);
 
-// A stage's server started with --address-file (and --max-clients when not 0); `address`
+// A stage's server started with --address-file (and --exit-after when not 0); `address`
 // is empty when it published none within 10 s.
 class StageServer {
  public:
-  StageServer(const std::string& stage, const std::string& provider, int max_clients,
+  StageServer(const std::string& stage, const std::string& provider, int exit_after,
               std::vector<std::string> extra = {});
   Process& process() { return *process_; }
   const std::string& address() const { return address_; }

@@ -37,7 +37,9 @@ static void OpenStack(Stack& s, HostBuffer& buffer) {
   hints->caps = FI_MSG | FI_RMA;
   hints->mode = FI_CONTEXT | FI_CONTEXT2;
   hints->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY;
-  s.info = SelectProvider(*hints, "shm", "");
+  Options options;
+  options.provider = "shm";
+  s.info = SelectProvider(*hints, options);
   fid_fabric* fabric;
   FI_CHECK(fi_fabric(s.info->fabric_attr, &fabric, nullptr));
   s.fabric.reset(fabric);
@@ -74,21 +76,59 @@ TEST(Handles, HundredShmStacksLeaveNoFileDescriptorBehind) {
   }
   const size_t before = OpenFileDescriptors();
   for (int i = 0; i < 100; ++i) {
-    Stack s;
-    OpenStack(s, buffer);
-    ASSERT_GT(OpenFileDescriptors(), 0u);
+    {
+      Stack s;
+      OpenStack(s, buffer);
+    }
+    ASSERT_EQ(OpenFileDescriptors(), before) << "after stack " << i;
   }
-  EXPECT_EQ(OpenFileDescriptors(), before);
+}
+
+// A handle whose close only counts: the deleter must close a moved handle exactly once.
+static int closes = 0;
+static int CountClose(fid*) {
+  ++closes;
+  return 0;
 }
 
 TEST(Handles, MovedHandleIsClosedOnce) {
-  HostBuffer buffer(4096);
-  Stack s;
-  OpenStack(s, buffer);
-  EpPtr moved = std::move(s.ep);
-  EXPECT_EQ(s.ep, nullptr);
-  moved.reset();  // closes here; s's destructor must not close it again
-  SUCCEED();
+  fi_ops ops{};
+  ops.size = sizeof(ops);
+  ops.close = CountClose;
+  fid_ep endpoint{};
+  endpoint.fid.fclass = FI_CLASS_EP;
+  endpoint.fid.ops = &ops;
+  closes = 0;
+  {
+    EpPtr first(&endpoint);
+    EpPtr moved = std::move(first);
+    EXPECT_EQ(first, nullptr);
+    EXPECT_EQ(closes, 0);
+    moved.reset();  // closes here; first's destructor must not close it again
+    EXPECT_EQ(closes, 1);
+  }
+  EXPECT_EQ(closes, 1);
+}
+
+// A close that fails is logged, not thrown: destructors must run to the end.
+static int FailClose(fid*) {
+  ++closes;
+  return -FI_EBUSY;
+}
+
+TEST(Handles, FailedCloseIsLoggedNotThrown) {
+  fi_ops ops{};
+  ops.size = sizeof(ops);
+  ops.close = FailClose;
+  fid_cq cq{};
+  cq.fid.fclass = FI_CLASS_CQ;
+  cq.fid.ops = &ops;
+  closes = 0;
+  testing::internal::CaptureStderr();
+  { CqPtr owner(&cq); }
+  const std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(closes, 1);
+  EXPECT_NE(err.find("warning: fi_close"), std::string::npos) << err;
 }
 
 TEST(HostBuffer, AlignedAndZeroed) {
@@ -107,12 +147,19 @@ TEST(Provider, NamesAndSelection) {
   FiInfoPtr hints(fi_allocinfo());
   hints->ep_attr->type = FI_EP_RDM;
   hints->caps = FI_MSG;
-  auto lo = SelectDomains(*hints, "tcp", "lo");
+  Options tcp_lo;
+  tcp_lo.provider = "tcp";
+  tcp_lo.domain = "lo";
+  auto lo = SelectDomains(*hints, tcp_lo);
   ASSERT_EQ(lo.size(), 1u);
   EXPECT_STREQ(lo[0]->domain_attr->name, "lo");
-  EXPECT_THROW(SelectDomains(*hints, "tcp", "no-such-nic"), UsageError);
-  EXPECT_THROW(SelectDomains(*hints, "no-such-provider", ""), UsageError);
+  Options no_nic = tcp_lo;
+  no_nic.domain = "no-such-nic";
+  EXPECT_THROW(SelectDomains(*hints, no_nic), UsageError);
+  Options no_provider;
+  no_provider.provider = "no-such-provider";
+  EXPECT_THROW(SelectDomains(*hints, no_provider), UsageError);
   // The default order never picks shm: it reaches only this host.
-  auto chosen = SelectProvider(*hints, "", "");
+  auto chosen = SelectProvider(*hints, Options{});
   EXPECT_STRNE(chosen->fabric_attr->prov_name, "shm");
 }

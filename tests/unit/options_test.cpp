@@ -48,21 +48,13 @@ TEST(Options, DefaultsAndEveryGroup) {
   EXPECT_EQ(o.memory, MemoryKind::kAuto);
 
   Options p;
-  ASSERT_EQ(Parse(p, ~0u, {"-p",       "tcp",
-                           "--domain", "lo",
-                           "-S",       "1m",
-                           "--pages",  "2k",
-                           "--repeat", "3",
-                           "-W",       "128",
-                           "-w",       "10",
-                           "--memory", "host",
-                           "--json",   "--nics",
-                           "4",        "--wait",
-                           "block",    "--link-gbps",
-                           "4",        "--timeout",
-                           "2.5",      "--max-clients",
-                           "3",        "abcd"}),
-            -1);
+  ASSERT_EQ(
+      Parse(p, ~0u, {"-p",      "tcp",          "--domain", "lo",          "-S",     "1m",
+                     "--pages", "2k",           "--repeat", "3",           "-W",     "128",
+                     "-w",      "10",           "--memory", "host",        "--json", "--nics",
+                     "4",       "--wait",       "block",    "--link-gbps", "4",      "--timeout",
+                     "2.5",     "--exit-after", "3",        "abcd"}),
+      -1);
   EXPECT_EQ(p.provider, "tcp");
   EXPECT_EQ(p.domain, "lo");
   EXPECT_EQ(p.page_size, 1u << 20);
@@ -76,7 +68,7 @@ TEST(Options, DefaultsAndEveryGroup) {
   EXPECT_EQ(p.wait, WaitMode::kBlock);
   EXPECT_DOUBLE_EQ(p.link_gbps, 4.0);
   EXPECT_DOUBLE_EQ(p.timeout_s, 2.5);
-  EXPECT_EQ(p.max_clients, 3u);
+  EXPECT_EQ(p.exit_after, 3u);
   EXPECT_EQ(p.peer, "abcd");
 }
 

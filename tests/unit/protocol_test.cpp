@@ -13,7 +13,8 @@ Connect SampleConnect() {
   Connect c;
   c.lanes.push_back({{1, 2, 3, 4}, {0x1000, 1 << 20, 0xabcdef}});
   c.lanes.push_back({std::vector<uint8_t>(32, 7), {0, 4096, 42}});
-  c.engine = {kEnginePin | kEngineLazy, 2, 16, 512};
+  c.engine = {kEnginePin | kEngineLazy, 2, 16, 512, 8, 0, 1 << 20};
+  c.reply = {9, 9, 9};
   return c;
 }
 
@@ -56,6 +57,9 @@ TEST(Protocol, EveryMessageRoundTrips) {
   EXPECT_EQ(c.engine.threads, 2u);
   EXPECT_EQ(c.engine.batch, 16u);
   EXPECT_EQ(c.engine.window, 512u);
+  EXPECT_EQ(c.engine.doorbell, 8u);
+  EXPECT_EQ(c.engine.memory, 1u << 20);
+  EXPECT_EQ(c.reply, (std::vector<uint8_t>{9, 9, 9}));
 
   auto t = std::get<Transfer>(Decode(Encode(SampleTransfer())));
   EXPECT_EQ(t.request_id, 7u);
@@ -68,7 +72,26 @@ TEST(Protocol, EveryMessageRoundTrips) {
   EXPECT_EQ(e.request_id, 3u);
   EXPECT_EQ(e.text, "no");
   EXPECT_TRUE(std::holds_alternative<Bye>(Decode(Encode(Bye{}))));
-  EXPECT_TRUE(std::holds_alternative<Accept>(Decode(Encode(Accept{}))));
+  EXPECT_TRUE(std::get<Accept>(Decode(Encode(Accept{}))).writers.empty());
+  auto a = std::get<Accept>(Decode(Encode(Accept{{{1, 2}, {3, 4, 5}}, 1234})));
+  EXPECT_EQ(a.writers, (std::vector<std::vector<uint8_t>>{{1, 2}, {3, 4, 5}}));
+  EXPECT_EQ(a.setup_ns, 1234u);
+  auto d = std::get<Done>(Decode(Encode(Done{7, 100, 1000, 5000, 42})));
+  EXPECT_EQ(d.request_id, 7u);
+  EXPECT_EQ(d.writes, 100u);
+  EXPECT_EQ(d.first_post_ns, 1000u);
+  EXPECT_EQ(d.last_completion_ns, 5000u);
+  EXPECT_EQ(d.fill_ns, 42u);
+}
+
+TEST(Protocol, AcceptAndDoneFieldsAreChecked) {
+  ExpectRejected(Encode(Done{1, 1, 5000, 1000, 0}), "last completion before first post");
+  auto bad = Encode(Accept{{{1, 2}}, 0});
+  Poke<uint32_t>(bad, 16, kMaxLanes + 1);
+  ExpectRejected(bad, "writer count 65 is over the limit 64");
+  bad = Encode(Accept{{{1, 2}}, 0});
+  Poke<uint32_t>(bad, 20, 0);
+  ExpectRejected(bad, "address length 0");
 }
 
 TEST(Protocol, HeaderFieldsAreChecked) {
@@ -118,8 +141,9 @@ TEST(Protocol, ConnectFieldsAreChecked) {
   bad.resize(bad.size() - 1);
   Poke<uint32_t>(bad, 8, static_cast<uint32_t>(bad.size()));
   ExpectRejected(bad, "message ends inside field");
-  // The engine settings close the message: flags, threads, batch, window.
-  const size_t engine = good.size() - sizeof(Engine);
+  // The engine settings come last but for the reply address: flags, threads, batch, window,
+  // doorbell, reserved, memory.
+  const size_t engine = good.size() - 4 - SampleConnect().reply.size() - sizeof(Engine);
   bad = good;
   Poke<uint32_t>(bad, engine, 1u << 9);
   ExpectRejected(bad, "unknown engine flags 512");
@@ -132,6 +156,15 @@ TEST(Protocol, ConnectFieldsAreChecked) {
   bad = good;
   Poke<uint32_t>(bad, engine + 12, kMaxWindow + 1);
   ExpectRejected(bad, "engine window");
+  bad = good;
+  Poke<uint32_t>(bad, engine + 16, 0);
+  ExpectRejected(bad, "engine doorbell 0");
+  bad = good;
+  Poke<uint64_t>(bad, engine + 24, kMaxRegionBytes + 1);
+  ExpectRejected(bad, "engine memory");
+  bad = good;
+  Poke<uint32_t>(bad, engine + sizeof(Engine), kMaxAddressBytes + 1);
+  ExpectRejected(bad, "reply address length 257 is over the limit 256");
 }
 
 TEST(Protocol, TransferFieldsAreChecked) {

@@ -12,14 +12,49 @@ TEST(Report, SummaryCarriesTheFigures) {
   s.link_gbps = 2;
   s.verified_bytes = 4096;
   s.lanes = 2;
+  s.server_seconds = 0.75;
   EXPECT_EQ(FormatSummary(s, false),
             "summary: 125000000 bytes in 1.000 s = 1.000 Gbps (50.0% of 2 Gbps), 0.001 Mpps, "
-            "1000 WRITEs, 2 lanes, verified 4096 bytes");
+            "1000 WRITEs, 2 lanes, verified 4096 bytes; server 0.750 s; pages in host memory");
   s.step = "+ warmup";
+  s.memory = "cuda-staged";
+  s.memory_why = "shm does not register GPU memory: \"no\"";
   const std::string json = FormatSummary(s, true);
   EXPECT_NE(json.find("\"gbps\":1.000"), std::string::npos) << json;
+  EXPECT_NE(json.find("\"server_seconds\":0.750000"), std::string::npos) << json;
   EXPECT_NE(json.find("\"percent_of_link\":50.00"), std::string::npos) << json;
+  EXPECT_NE(json.find("\"memory\":\"cuda-staged\""), std::string::npos) << json;
+  // The reason is quoted as JSON text: its quotes escaped.
+  EXPECT_NE(json.find("\"memory_why\":\"shm does not register GPU memory: \\\"no\\\"\""),
+            std::string::npos)
+      << json;
   EXPECT_NE(json.find(",\"step\":\"+ warmup\"}"), std::string::npos) << json;
+}
+
+// The clock check every transfer stage runs before it prints: figures that cannot be true.
+TEST(Report, ClockCheckRefusesImpossibleFigures) {
+  Summary s;
+  s.bytes = 1'000'000'000;
+  s.writes = 1000;
+  s.seconds = 1;
+  s.server_seconds = 0.9;
+  EXPECT_EQ(ClockProblem(s, 1.5), "");
+  // The span cannot be longer than the run it was measured in.
+  EXPECT_NE(ClockProblem(s, 0.5).find("a span of 1.000000 s measured inside a run of 0.500000 s"),
+            std::string::npos);
+  // Bytes in no time: a clock that started at the last completion (a burst of them).
+  s.seconds = 0;
+  EXPECT_NE(ClockProblem(s, 1).find("in no measurable time"), std::string::npos);
+  // The server cannot have written for longer than the client waited.
+  s.seconds = 1;
+  s.server_seconds = 2;
+  EXPECT_NE(ClockProblem(s, 3).find("the server wrote for 2.000000 s"), std::string::npos);
+  // Nor faster than the link.
+  s.server_seconds = 1;
+  s.link_gbps = 4;
+  EXPECT_NE(ClockProblem(s, 3).find("above the link"), std::string::npos);
+  s.link_gbps = 8;
+  EXPECT_EQ(ClockProblem(s, 3), "");
 }
 
 TEST(Report, ProgressLineInThePublishedForm) {

@@ -1,0 +1,486 @@
+// 07_full_p5: the client. Its lanes' completions are read by receiving threads, a thread per
+// group as on the server, so that lanes and threads add rate at both ends; its main thread
+// speaks to the server on a control endpoint of its own, sends the warmup and the requests,
+// times them, and verifies every page. --ladder runs one session per rung.
+
+#include <rdma/fabric.h>
+#include <rdma/fi_errno.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <map>
+#include <mutex>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "address.hpp"
+#include "engine.hpp"
+#include "error.hpp"
+#include "page_data.hpp"
+#include "program.hpp"
+#include "provider.hpp"
+
+namespace p5 {
+
+// Checks every requested page against the seed's data, in the region of the lane it came
+// on; throws naming the first bad byte.
+uint64_t VerifyPages(const std::vector<std::span<const uint8_t>>& lane_views,
+                     const wire::Transfer& request) {
+  for (size_t i = 0; i < request.pages.size(); ++i) {
+    const uint64_t at = request.pages[i] * request.page_size;
+    std::span<const uint8_t> region = lane_views[i % lane_views.size()];
+    size_t bad = VerifyPage(region.subspan(at, request.page_size), request.seed, request.pages[i]);
+    if (bad != kPageOk)
+      throw Error("verification failed: page " + std::to_string(i) + " (region page " +
+                  std::to_string(request.pages[i]) + ") differs at byte offset " +
+                  std::to_string(bad));
+  }
+  return request.pages.size() * request.page_size;
+}
+void CheckRequestSize(const Options& options) {
+  if (options.page_size == 0 || options.page_size > wire::kMaxPageBytes)
+    throw UsageError("invalid --page-size " + std::to_string(options.page_size) + " (1 to " +
+                     std::to_string(wire::kMaxPageBytes) + ")");
+  if (options.pages == 0 || options.pages > wire::kMaxPagesPerRequest)
+    throw UsageError("invalid --pages " + std::to_string(options.pages) + " (1 to " +
+                     std::to_string(wire::kMaxPagesPerRequest) + " per request)");
+  if (options.pages * options.page_size > wire::kMaxRequestBytes)
+    throw UsageError("--pages x --page-size is " +
+                     std::to_string(options.pages * options.page_size) + " bytes, over the " +
+                     std::to_string(wire::kMaxRequestBytes) + " a request may hold");
+  if (options.repeat == 0 || options.repeat > wire::kMaxRepeat)
+    throw UsageError("invalid --repeat " + std::to_string(options.repeat));
+  if (options.requests == 0 || options.requests > kMaxRequestsInFlight)
+    throw UsageError("invalid --requests " + std::to_string(options.requests) + " (1 to " +
+                     std::to_string(kMaxRequestsInFlight) + ")");
+  if (options.window == 0 || options.window > wire::kMaxWindow)
+    throw UsageError("invalid --window " + std::to_string(options.window) + " (1 to " +
+                     std::to_string(wire::kMaxWindow) + ")");
+  if (options.threads > wire::kMaxLanes)
+    throw UsageError("invalid --threads " + std::to_string(options.threads) + " (0 to " +
+                     std::to_string(wire::kMaxLanes) + ")");
+  if (options.batch == 0 || options.batch > wire::kMaxBatch)
+    throw UsageError("invalid --batch " + std::to_string(options.batch) + " (1 to " +
+                     std::to_string(wire::kMaxBatch) + ")");
+  if (options.doorbell == 0 || options.doorbell > options.window)
+    throw UsageError("invalid --doorbell " + std::to_string(options.doorbell) + " (1 to -W, " +
+                     std::to_string(options.window) + ")");
+  if (options.warmup > wire::kMaxRepeat)
+    throw UsageError("invalid --warmup " + std::to_string(options.warmup));
+}
+// A receiving thread of the client: the remote-write completions of its block of lanes (a
+// group's, with a thread per group), counted per request in counters of its own and
+// published once per batch, so the main thread never touches a CQ of theirs.
+struct Receiver {
+  size_t first_lane = 0, lane_count = 0;
+  std::optional<unsigned> cpu;
+  std::vector<uint64_t> arrived;  // per request id; the last entry counts the warmup
+  std::atomic<uint64_t> total{0}, warm{0};
+  std::unique_ptr<std::atomic<uint64_t>[]> per_lane;  // per lane of the thread
+  std::atomic<Clock::rep> last_arrival{0};
+  std::mutex mutex;
+  std::string failure;
+  std::atomic<bool> failed{false};
+  std::thread thread;
+};
+void RunReceiver(Receiver& r, std::span<Network> lanes, size_t requests, WaitMode wait,
+                 const std::atomic<bool>& stop, const Topology* pin) {
+  std::string why;
+  if (pin != nullptr && r.cpu && !PinThread(*pin, *r.cpu, why))
+    std::printf("warning: receiver not pinned: %s\n", why.c_str());
+  std::vector<uint64_t> lane_counts(r.lane_count);
+  uint64_t total = 0, warm = 0;
+  try {
+    while (!stop) {
+      size_t n = 0;
+      for (size_t l = 0; l < r.lane_count; ++l) {
+        n += ReadCompletions(
+            lanes[l].cq.get(), false,
+            [&](const fi_cq_data_entry& e, fi_addr_t) {
+              if (!IsRemoteWrite(e)) return;
+              if (e.data == kWarmupRequest) {
+                ++warm;
+              } else if (e.data == 0 || e.data > requests) {
+                throw Error("a WRITE arrived for unknown request " + std::to_string(e.data));
+              } else {
+                ++r.arrived[e.data];  // never assume the last WRITE lands last: count them
+                ++total;
+                ++lane_counts[l];
+              }
+            },
+            [&](const CompletionError& e) {
+              throw Error("lane " + std::to_string(r.first_lane + l) + " (" +
+                          lanes[l].info->domain_attr->name + "): " + e.text);
+            });
+      }
+      if (n > 0) {
+        r.last_arrival = Clock::now().time_since_epoch().count();
+        for (size_t l = 0; l < r.lane_count; ++l) r.per_lane[l] = lane_counts[l];
+        r.warm = warm;
+        r.total = total;
+      } else if (wait == WaitMode::kBlock) {
+        WaitForCompletions(lanes, 20);
+      }
+    }
+  } catch (const std::exception& e) {
+    std::lock_guard lock(r.mutex);
+    r.failure = e.what();
+    r.failed = true;
+  }
+}
+// Stops and joins the receiving threads when it goes out of scope (declared after the lanes
+// they poll, so it goes first), also when the session ends in an error.
+struct Receivers {
+  std::vector<std::unique_ptr<Receiver>> threads;
+  std::atomic<bool> stop{false};
+  ~Receivers() {
+    stop = true;
+    for (auto& r : threads)
+      if (r->thread.joinable()) r->thread.join();
+  }
+};
+// One client session: connect with `engine`, warm every lane up, send the requests, count
+// and time the WRITEs, verify. The server opens a session of its own for it.
+Summary RunSession(const Options& options, std::span<const uint8_t> peer, wire::Engine engine,
+                   bool warm, bool print) {
+  const auto began = Clock::now();
+  const MemoryKind memory = ResolveMemory(options.memory);
+  std::string no_hmem;
+  const Plan plan = FindNics(options, peer, memory, &no_hmem, print);
+  const WaitMode wait = ChooseWaitMode(options.wait, *plan.lanes[0]);
+  // Control messages have an endpoint of their own, as on the server: the data lanes' CQs
+  // then belong to the receiving threads alone.
+  Network control = Network::Open(FiInfoPtr(fi_dupinfo(plan.lanes[0].get())), wait);
+  const fi_addr_t server = control.AddPeerAddress(peer);
+  control.memory =
+      ChooseMemoryPath(control.domain.get(), *control.info, memory, options.gpu_path, no_hmem);
+  std::vector<Network> lanes;
+  for (const auto& nic : plan.lanes) lanes.push_back(Network::Open(DataLane(*nic), wait));
+  if (print) PrintHeader("client", plan, wait, control.memory);
+  const size_t tx = lanes[0].info->tx_attr->size;
+  if (options.window > tx)
+    throw UsageError("invalid --window " + std::to_string(options.window) + ": the provider's " +
+                     "queue holds " + std::to_string(tx));
+  if (!options.address_file.empty()) {  // our lane addresses (tests play a thief with them)
+    std::vector<std::vector<uint8_t>> addresses;
+    for (const auto& lane : lanes) addresses.push_back(lane.Address());
+    WriteAddressList(addresses, options.address_file);
+  }
+
+  // The region has room for twice the pages asked for, so the chosen pages are scattered;
+  // each request gets its own share of them. One region per group, in its GPU's memory or
+  // host memory, registered once on each of the group's lanes (each domain gives it a key).
+  const uint64_t total_pages = options.pages * options.requests;
+  const uint64_t region_pages = 2 * total_pages;
+  std::map<size_t, PageBuffer> regions;
+  std::vector<MrPtr> region_mrs;
+  for (size_t l = 0; l < lanes.size(); ++l) {
+    const size_t g = plan.group_of[l];
+    if (!regions.count(g))
+      regions.try_emplace(g, region_pages * options.page_size, control.memory.path,
+                          plan.groups[g].gpu.value_or(0));
+    region_mrs.push_back(
+        RegisterPages(lanes[l].domain.get(), *lanes[l].info, regions.at(g), FI_REMOTE_WRITE));
+  }
+  Mail mail(control, kRecvDepth, options.requests + 4);
+
+  const std::vector<uint32_t> all_pages = SamplePages(options.seed, total_pages, region_pages);
+  std::vector<wire::Transfer> requests(options.requests);
+  for (size_t r = 0; r < requests.size(); ++r) {
+    requests[r].request_id = static_cast<uint32_t>(r + 1);
+    requests[r].seed = options.seed;
+    requests[r].page_size = options.page_size;
+    requests[r].repeat = options.repeat;
+    requests[r].pages.assign(all_pages.begin() + r * options.pages,
+                             all_pages.begin() + (r + 1) * options.pages);
+  }
+  if (options.test_bad_page) requests.back().pages.back() = static_cast<uint32_t>(region_pages);
+  // Warmup: the first page of each lane, --warmup times, untimed. It lands where the timed
+  // WRITEs land later, with the same data.
+  wire::Transfer warmup = requests[0];
+  warmup.request_id = kWarmupRequest;
+  warmup.pages.resize(std::min<size_t>(lanes.size(), warmup.pages.size()));
+  warmup.repeat = options.warmup;
+  warm = warm && options.warmup > 0;
+  // What each lane receives: page i of a request comes on lane i % lanes.
+  std::vector<uint64_t> expected_per_lane(lanes.size());
+  for (const auto& r : requests)
+    for (size_t i = 0; i < r.pages.size(); ++i) expected_per_lane[i % lanes.size()] += r.repeat;
+  // The server keeps source memory for what our requests need at once, per lane.
+  engine.memory =
+      options.requests * ((options.pages + lanes.size() - 1) / lanes.size()) * options.page_size;
+  const size_t control_limit = control.info->ep_attr->max_msg_size;
+  if (wire::Encode(requests[0]).size() > control_limit)
+    throw UsageError("--pages " + std::to_string(options.pages) + ": a TRANSFER of that many " +
+                     "pages is longer than the " + std::to_string(control_limit) +
+                     "-byte messages this fabric carries (efa-direct: at most its MTU)");
+
+  // Receiving threads: as many as the server's data threads, over the same blocks of lanes.
+  Receivers receivers;
+  const size_t threads = ThreadsFor(engine.threads, plan, lanes.size());
+  const Topology topology = Topology::Load();
+  std::map<const DeviceGroup*, size_t> per_group;
+  for (size_t t = 0; t < threads; ++t) {
+    auto r = std::make_unique<Receiver>();
+    r->first_lane = t * lanes.size() / threads;
+    r->lane_count = (t + 1) * lanes.size() / threads - r->first_lane;
+    r->arrived.assign(requests.size() + 1, 0);
+    r->per_lane = std::make_unique<std::atomic<uint64_t>[]>(r->lane_count);
+    // Cores from the group's last one down: a client and a server on one host (shm, loopback)
+    // then pin to different cores, as on two hosts they would not share one.
+    const DeviceGroup& group = plan.groups[plan.group_of[r->first_lane]];
+    if (!group.cpus.empty())
+      r->cpu = group.cpus[group.cpus.size() - 1 - per_group[&group]++ % group.cpus.size()];
+    receivers.threads.push_back(std::move(r));
+  }
+  for (auto& r : receivers.threads)
+    r->thread = std::thread(RunReceiver, std::ref(*r),
+                            std::span<Network>(lanes).subspan(r->first_lane, r->lane_count),
+                            requests.size(), wait, std::cref(receivers.stop),
+                            (engine.flags & wire::kEnginePin) ? &topology : nullptr);
+  auto arrived_total = [&] {
+    uint64_t n = 0;
+    for (const auto& r : receivers.threads) n += r->total;
+    return n;
+  };
+  auto last_arrival = [&] {
+    Clock::rep last = 0;
+    for (const auto& r : receivers.threads) last = std::max(last, r->last_arrival.load());
+    return Clock::time_point{Clock::duration(last)};
+  };
+
+  uint64_t expected = total_pages * options.repeat;  // less what the server refuses
+  size_t done_count = 0, refused_count = 0;
+  wire::Done served{0, 0, UINT64_MAX, 0, 0};  // the server's clock, from its DONEs
+  uint64_t setup_ns = 0;
+  std::string refused;
+  bool accepted = false;
+  double link_gbps = 0;
+  for (const auto& lane : lanes)  // --link-gbps is the rate of one NIC
+    link_gbps += options.link_gbps > 0 ? options.link_gbps : LinkGbps(*lane.info);
+  ProgressLine progress_line(expected, link_gbps);
+  const auto limit =
+      std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(options.timeout_s));
+  auto last_progress = Clock::now();
+  uint64_t seen = 0;
+  auto on_done = [&](Op* op, const fi_cq_data_entry& entry, fi_addr_t) {
+    if (op == nullptr) return;  // the control endpoint receives no WRITEs
+    if (op->kind == OpKind::kSend) {
+      mail.Sent(op);
+      return;
+    }
+    wire::Message message = wire::Decode({op->buffer, entry.len});
+    control.PostRecv(*op);
+    if (auto* accept = std::get_if<wire::Accept>(&message)) {
+      accepted = true;
+      setup_ns = accept->setup_ns;
+    } else if (auto* d = std::get_if<wire::Done>(&message)) {
+      if (d->request_id == kWarmupRequest) return;
+      ++done_count;
+      served.first_post_ns = std::min(served.first_post_ns, d->first_post_ns);
+      served.last_completion_ns = std::max(served.last_completion_ns, d->last_completion_ns);
+      served.fill_ns += d->fill_ns;
+    } else if (auto* error = std::get_if<wire::ErrorReply>(&message)) {
+      if (!accepted) throw Error("the server refused the connection: " + error->text);
+      if (refused.empty())
+        refused =
+            (error->request_id == kWarmupRequest ? std::string("warmup")
+                                                 : "request " + std::to_string(error->request_id)) +
+            ": " + error->text;
+      // The other requests are still being written: wait for them before saying BYE.
+      if (error->request_id >= 1 && error->request_id <= requests.size()) {
+        expected -= requests[error->request_id - 1].pages.size() * options.repeat;
+        ++refused_count;
+      }
+    } else {
+      throw Error("unexpected message from the server");
+    }
+  };
+  auto on_error = [&](Op*, const CompletionError& error) {
+    Abandon(kProgram, "a control message failed: " + error.text);
+  };
+  // Names the lanes still owed WRITEs: a NIC that failed for good shows here (README.md,
+  // "When a NIC fails"), and the session ends with that, not a wait without end.
+  auto missing = [&] {
+    std::string lanes_owed;
+    for (const auto& r : receivers.threads)
+      for (size_t l = 0; l < r->lane_count; ++l) {
+        const size_t lane = r->first_lane + l;
+        const uint64_t got = r->per_lane[l];
+        if (got < expected_per_lane[lane])
+          lanes_owed += std::string(lanes_owed.empty() ? "" : ", ") + "lane " +
+                        std::to_string(lane) + " (" + lanes[lane].info->domain_attr->name + ") " +
+                        std::to_string(expected_per_lane[lane] - got) + " of " +
+                        std::to_string(expected_per_lane[lane]);
+      }
+    return lanes_owed;
+  };
+  auto progress = [&] {
+    size_t n = control.PollCompletion(on_done, on_error);
+    if (!mail.Flush(limit).empty())
+      Abandon(kProgram, "no answer from the server within " + std::to_string(options.timeout_s) +
+                            " s: it takes none of our messages (is it running at that address?)");
+    for (const auto& r : receivers.threads)
+      if (r->failed) {
+        std::lock_guard lock(r->mutex);
+        Abandon(kProgram, r->failure);
+      }
+    const uint64_t now_seen = arrived_total();
+    if (n > 0 || now_seen != seen) last_progress = Clock::now();
+    seen = now_seen;
+    if (n == 0 && now_seen == seen) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    if (Clock::now() - last_progress > limit) {
+      const std::string owed = missing();
+      Abandon(kProgram,
+              "no answer from the server within " + std::to_string(options.timeout_s) + " s" +
+                  (owed.empty() ? " (is it running at that address?)" : "; missing: " + owed));
+    }
+  };
+  auto send = [&](const wire::Message& message) { mail.Send(server, message); };
+
+  wire::Connect connect;
+  connect.engine = engine;
+  for (size_t l = 0; l < lanes.size(); ++l) {
+    PageBuffer& region = regions.at(plan.group_of[l]);
+    connect.lanes.push_back(
+        {lanes[l].Address(),
+         lanes[l].Advertise(region_mrs[l].get(), region.nic_data(), region.size())});
+  }
+  connect.reply = control.Address();
+  if (!options.test_claim.empty()) {  // lanes 1.. become another client's
+    const auto claimed = ReadAddressList(options.test_claim);
+    for (size_t l = 1; l < connect.lanes.size() && l < claimed.size(); ++l)
+      connect.lanes[l].address = claimed[l];
+  }
+  send(connect);
+  while (!accepted) progress();  // our address is in the server's AV now
+  if (warm) {
+    send(warmup);
+    auto warmed = [&] {
+      uint64_t n = 0;
+      for (const auto& r : receivers.threads) n += r->warm;
+      return n;
+    };
+    while (warmed() < warmup.pages.size() * warmup.repeat && refused.empty()) progress();
+  }
+  // The clock runs from the first request sent to the last WRITE landed: the server's work
+  // (filling its pages) counts, and nothing a provider does with completions can shrink it.
+  const auto start = Clock::now();
+  for (const auto& request : requests) send(request);
+  while (arrived_total() < expected) {
+    progress();
+    const uint64_t n = arrived_total();
+    if (n > 0)
+      progress_line.Update(n, n * options.page_size,
+                           std::chrono::duration<double>(last_arrival() - start).count());
+  }
+  const double seconds = std::chrono::duration<double>(last_arrival() - start).count();
+  progress_line.End();
+  while (done_count + refused_count < requests.size()) progress();  // the server's own clock
+  send(wire::Bye{});
+  while (!mail.Idle()) progress();  // every message of ours has left
+  receivers.stop = true;
+  for (auto& r : receivers.threads) r->thread.join();
+  if (!refused.empty()) throw Error("the server refused " + refused);
+  std::vector<uint64_t> arrived(requests.size() + 1);
+  for (const auto& r : receivers.threads)
+    for (size_t i = 1; i < arrived.size(); ++i) arrived[i] += r->arrived[i];
+  for (size_t r = 1; r < arrived.size(); ++r) {
+    if (arrived[r] != requests[r - 1].pages.size() * options.repeat)
+      throw Error("request " + std::to_string(r) + " received " + std::to_string(arrived[r]) +
+                  " WRITEs");
+  }
+
+  std::map<size_t, std::span<uint8_t>> views;
+  for (auto& [g, region] : regions) {
+    region.SyncFromNic();
+    views[g] = region.HostView();
+  }
+  if (options.test_corrupt)
+    views.begin()->second[requests[0].pages[0] * options.page_size + 1] ^= 0x5a;
+  std::vector<std::span<const uint8_t>> lane_views;
+  for (size_t l = 0; l < lanes.size(); ++l) lane_views.push_back(views.at(plan.group_of[l]));
+  uint64_t verified = 0;
+  for (const auto& request : requests) verified += VerifyPages(lane_views, request);
+
+  Summary summary;
+  summary.bytes = arrived_total() * options.page_size;
+  summary.writes = arrived_total();
+  summary.seconds = seconds;
+  summary.server_seconds =
+      static_cast<double>(served.last_completion_ns - served.first_post_ns) / 1e9;
+  summary.link_gbps = link_gbps;
+  summary.verified_bytes = verified;
+  summary.lanes = static_cast<int>(lanes.size());
+  summary.memory = MemoryWord(control.memory);
+  summary.memory_why = control.memory.why;
+  summary.server_setup_seconds = static_cast<double>(setup_ns) / 1e9;
+  summary.server_fill_seconds = static_cast<double>(served.fill_ns) / 1e9;
+  const std::string problem =
+      ClockProblem(summary, std::chrono::duration<double>(Clock::now() - began).count());
+  if (!problem.empty()) throw Error("figures that cannot be true: " + problem);
+  return summary;
+}
+// The engine the client's switches ask for.
+wire::Engine EngineFromOptions(const Options& options) {
+  wire::Engine e;
+  e.flags = (options.pin ? wire::kEnginePin : 0) | (options.shard ? wire::kEngineShard : 0) |
+            (options.lazy ? wire::kEngineLazy : 0) | (options.numa ? wire::kEngineNuma : 0);
+  e.threads = static_cast<uint32_t>(options.threads);
+  e.batch = static_cast<uint32_t>(options.batch);
+  e.doorbell = static_cast<uint32_t>(options.doorbell);
+  e.window = static_cast<uint32_t>(options.window);
+  return e;
+}
+// --ladder: the published journey's rungs, each optimization switched on in turn over the
+// one before, one session each; then two of ours the published table did not have.
+int RunLadder(const Options& options, std::span<const uint8_t> peer) {
+  struct Rung {
+    std::string name;
+    bool warm;
+    wire::Engine engine;
+  };
+  wire::Engine e;
+  e.threads = 1;
+  e.window = static_cast<uint32_t>(options.window);
+  std::vector<Rung> rungs;
+  rungs.push_back({"lanes, one thread", false, e});
+  rungs.push_back({"+ warmup", true, e});
+  e.threads = static_cast<uint32_t>(options.threads);
+  rungs.push_back({"+ one thread per group", true, e});
+  e.flags |= wire::kEnginePin;
+  rungs.push_back({"+ pinning threads to cores", true, e});
+  e.flags |= wire::kEngineShard;
+  rungs.push_back({"+ sharded per-thread state", true, e});
+  e.batch = static_cast<uint32_t>(options.batch);
+  rungs.push_back({"+ batching " + std::to_string(options.batch) + " WRITEs per post", true, e});
+  e.flags |= wire::kEngineLazy;
+  rungs.push_back({"+ lazy posting (progress in CQ poll)", true, e});
+  e.flags |= wire::kEngineNuma;
+  rungs.push_back({"+ NUMA-aware allocation", true, e});
+  e.doorbell = static_cast<uint32_t>(options.doorbell);
+  rungs.push_back(
+      {"+ one doorbell per " + std::to_string(options.doorbell) + " WRITEs (FI_MORE)", true, e});
+
+  for (size_t i = 0; i < rungs.size(); ++i) {
+    Summary s = RunSession(options, peer, rungs[i].engine, rungs[i].warm, i == 0);
+    if (i == 0) {
+      rungs[0].name = std::to_string(s.lanes) + " " + rungs[0].name;
+      std::printf("| step | Gbps | %% of link | Mpps |\n|---|---:|---:|---:|\n");
+    }
+    s.step = rungs[i].name;
+    const double gbps = Gbps(s.bytes, s.seconds);
+    char percent[32] = "-";  // unknown without a link rate (--link-gbps)
+    if (s.link_gbps > 0) std::snprintf(percent, sizeof(percent), "%.1f", 100 * gbps / s.link_gbps);
+    std::printf("| %s | %.3f | %s | %.4f |\n", s.step.c_str(), gbps, percent,
+                s.seconds > 0 ? static_cast<double>(s.writes) / s.seconds / 1e6 : 0);
+    if (options.json) PrintSummary(s, true);
+    std::fflush(stdout);
+  }
+  return kExitOk;
+}
+}  // namespace p5

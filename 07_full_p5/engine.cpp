@@ -1,0 +1,274 @@
+// 07_full_p5: a data thread of the server, and the rungs of the ladder it climbs. Each rung
+// is a named function behind its own switch, marked <rung NAME> ... </rung NAME> so that
+// `scripts/rung-diff NAME` shows it as a diff against the rung below (README.md).
+
+#include <rdma/fabric.h>
+#include <rdma/fi_errno.h>
+
+#include <sched.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <mutex>
+#include <string>
+
+#include "engine.hpp"
+#include "error.hpp"
+#include "page_data.hpp"
+
+namespace p5 {
+
+void Fail(Session& s, const std::string& why) {
+  std::lock_guard lock(s.mutex);
+  if (s.failure.empty()) s.failure = why;
+  s.stop = true;
+}
+// --pin: the thread stays on one core of its group's NUMA node, its caches warm and its
+// NICs' completions handled where their memory is.
+void PinToGroupCore(const Worker& w) {
+  std::string why;
+  if (w.cpu && !PinThread(*w.session->topology, *w.cpu, why))
+    std::printf("warning: not pinned: %s\n", why.c_str());
+}
+// --numa: what the thread allocates from here on (endpoints, queues, its source memory)
+// comes from its group's NUMA node.
+void BindToGroupMemory(const Worker& w) {
+  std::string why;
+  if (!BindThreadMemory(*w.session->topology, w.group->numa, why))
+    std::printf("warning: memory not bound: %s\n", why.c_str());
+}
+// Each data thread opens its own lanes (fresh endpoints for this client alone) and its source
+// memory, registered once on each of them: engine.memory bytes per lane, as the client asked.
+void OpenLanes(Worker& w) {
+  Session& s = *w.session;
+  for (size_t l = w.first_lane; l < w.first_lane + w.lane_count; ++l) {
+    w.lanes.push_back(Network::Open(DataLane(*s.plan->lanes[l]), s.wait));
+    w.dest.push_back(w.lanes.back().AddPeerAddress(s.addresses[l]));
+    w.writers.push_back(w.lanes.back().Address());
+  }
+  const uint64_t bytes = std::max<uint64_t>(s.engine.memory * w.lane_count, 4096);
+  w.pool.memory = PageBuffer(bytes, s.memory.path, w.group->gpu.value_or(0));
+  w.pool.holes[0] = bytes;
+  for (auto& lane : w.lanes)
+    w.pool.mrs.push_back(RegisterPages(lane.domain.get(), *lane.info, w.pool.memory, FI_WRITE));
+  if (s.memory.path != PageBuffer::Path::kHost) w.staging = HostBuffer(bytes);
+  w.pending.resize(w.lane_count);
+  w.held_back.assign(w.lane_count, 0);
+  if (s.On(wire::kEngineShard)) {
+    w.ops.resize(s.engine.window * w.lane_count);
+    for (auto& op : w.ops) w.free_ops.push_back(&op);
+  }
+  w.placement = DescribePlacement(*s.topology);
+}
+// --shard: the thread's own window, no lock. --no-shard: the session's, behind its lock;
+// each thread still takes no more than its lanes' share, so none starves the others.
+Op* TakeOp(Worker& w) {
+  std::vector<Op*>* free_ops = &w.free_ops;
+  std::unique_lock<std::mutex> lock;
+  if (!w.session->On(wire::kEngineShard)) {
+    lock = std::unique_lock(w.session->shared.mutex);
+    ++w.session->shared.locks;
+    free_ops = &w.session->shared.free_ops;
+    if (w.in_flight >= w.session->engine.window * w.lane_count) return nullptr;
+  }
+  if (free_ops->empty()) return nullptr;
+  Op* op = free_ops->back();
+  free_ops->pop_back();
+  ++w.in_flight;
+  return op;
+}
+void CountCompletion(Worker& w, Op* op) {
+  --w.in_flight;
+  ++op->share->completed;
+  if (w.session->On(wire::kEngineShard)) {
+    ++w.writes;
+    w.bytes += op->length;
+    w.free_ops.push_back(op);
+    return;
+  }
+  SharedState& shared = w.session->shared;
+  std::lock_guard lock(shared.mutex);
+  ++shared.locks;
+  ++shared.writes;
+  shared.bytes += op->length;
+  shared.free_ops.push_back(op);
+}
+// New shares from the control thread: each takes room in the thread's source memory (it
+// waits for room if the memory is taken by earlier requests) and its pages are filled there.
+void PlaceShares(Worker& w) {
+  if (w.has_inbox) {
+    std::lock_guard lock(w.inbox_mutex);
+    for (auto& share : w.inbox) w.shares.push_back(std::move(share));
+    w.inbox.clear();
+    w.has_inbox = false;
+  }
+  for (auto& share : w.shares) {
+    if (share->placed) continue;
+    const auto at = w.pool.Take(share->bytes);
+    if (!at) return;  // in order: a later share does not overtake one that waits for room
+    const auto start = Clock::now();
+    const wire::Transfer& t = share->request->transfer;
+    share->offset = *at;
+    const bool host = w.session->memory.path == PageBuffer::Path::kHost;
+    uint8_t* pages =
+        host ? static_cast<uint8_t*>(w.pool.memory.nic_data()) + *at : w.staging.data();
+    for (size_t k = 0; k < share->positions.size(); ++k)
+      FillPage({pages + k * t.page_size, t.page_size}, t.seed, t.pages[share->positions[k]]);
+    if (!host) {  // one copy for the whole share, then the NIC's view of it
+      w.pool.memory.Write(*at, {pages, share->bytes});
+      w.pool.memory.SyncToNic();
+    }
+    share->fill_ns = static_cast<uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count());
+    share->placed = true;
+  }
+}
+// --doorbell: hands a lane's prepared WRITEs to the provider in groups, FI_MORE on all but
+// the last of each, so it can ring the NIC once per group. A group cut short by -FI_EAGAIN
+// leaves WRITEs held back behind FI_MORE: the next post then goes without it and rings.
+void Flush(Worker& w, size_t lane) {
+  const Session& s = *w.session;
+  std::deque<Op*>& queue = w.pending[lane];
+  while (!queue.empty()) {
+    const size_t group = w.held_back[lane] ? 1 : std::min<size_t>(s.engine.doorbell, queue.size());
+    for (size_t i = 0; i < group; ++i) {
+      Op* op = queue.front();
+      const bool more = i + 1 < group;
+      if (!w.lanes[lane].PostWrite(*op, w.dest[lane], s.regions[w.first_lane + lane],
+                                   op->remote_offset, op->share->request->transfer.request_id,
+                                   more ? FI_MORE : 0)) {
+        if (i > 0) w.held_back[lane] = 1;
+        return;
+      }
+      queue.pop_front();
+      ++w.posts;
+      if (!more) ++w.doorbells;
+      if (op->share->posted++ == 0) op->share->first_post = Clock::now();
+    }
+    w.held_back[lane] = 0;
+  }
+}
+// --lazy: reads every lane's completions, and posts a lane's prepared WRITEs right after its
+// completions made room in its queue (progress in the CQ poll).
+size_t PollLanes(Worker& w) {
+  const bool lazy = w.session->On(wire::kEngineLazy);
+  size_t done = 0;
+  for (size_t l = 0; l < w.lanes.size(); ++l) {
+    done += ReadCompletions(
+        w.lanes[l].cq.get(), false,
+        [&w](const fi_cq_data_entry& e, fi_addr_t) { CountCompletion(w, OpOf(e.op_context)); },
+        [&w](const CompletionError& e) { Fail(*w.session, "a WRITE failed: " + e.text); });
+    if (lazy && !w.pending[l].empty()) {
+      const uint64_t before = w.posts;
+      Flush(w, l);
+      w.posted_in_poll += w.posts - before;
+    }
+  }
+  return done;
+}
+// --batch: prepares at most --batch WRITEs per lane each time round the loop (1: one, then
+// poll again), one placed share after another in turn. Page i of a request always goes out
+// on lane i % lanes, so each thread owns its pages. Eager posting (--eager-post) hands a
+// lane's WRITEs to the provider as soon as a doorbell's worth is ready.
+void PostWrites(Worker& w) {
+  const Session& s = *w.session;
+  const bool eager = !s.On(wire::kEngineLazy);
+  const uint64_t batch = s.engine.batch * w.lane_count;
+  uint64_t budget = batch;
+  bool prepared_any = true;
+  while (budget > 0 && prepared_any) {
+    prepared_any = false;
+    for (auto& share : w.shares) {
+      if (!share->placed || share->prepared == share->total) continue;
+      Op* op = TakeOp(w);
+      if (op == nullptr) {
+        budget = 0;
+        break;
+      }
+      const wire::Transfer& t = share->request->transfer;
+      const size_t k = share->prepared++ % share->positions.size();
+      const size_t lane = share->positions[k] % s.regions.size() - w.first_lane;
+      op->kind = OpKind::kWrite;
+      op->buffer =
+          static_cast<uint8_t*>(w.pool.memory.nic_data()) + share->offset + k * t.page_size;
+      op->length = t.page_size;
+      op->desc = fi_mr_desc(w.pool.mrs[lane].get());
+      op->share = share.get();
+      op->remote_offset = t.pages[share->positions[k]] * t.page_size;
+      op->lane = lane;
+      w.pending[lane].push_back(op);
+      if (eager && w.pending[lane].size() >= s.engine.doorbell) Flush(w, lane);
+      prepared_any = true;
+      if (--budget == 0) break;
+    }
+  }
+  w.most_prepared = std::max(w.most_prepared, batch - budget);
+  if (eager)
+    for (size_t l = 0; l < w.lanes.size(); ++l) Flush(w, l);
+}
+// Shares whose WRITEs all completed give their source memory back; the last share of a
+// request hands it back to the service, with its times.
+void FinishShares(Worker& w, Clock::time_point now) {
+  Session& s = *w.session;
+  for (auto it = w.shares.begin(); it != w.shares.end();) {
+    Share& share = **it;
+    if (!share.placed || share.completed < share.total) {
+      ++it;
+      continue;
+    }
+    w.pool.Give(share.offset, share.bytes);
+    share.last_completion = now;  // its last completion came in this poll
+    Request& r = *share.request;
+    {
+      std::lock_guard lock(s.mutex);
+      const auto ns = [](Clock::time_point t) {
+        return static_cast<uint64_t>(t.time_since_epoch().count());
+      };
+      r.done.first_post_ns = std::min(r.done.first_post_ns, ns(share.first_post));
+      r.done.last_completion_ns = std::max(r.done.last_completion_ns, ns(share.last_completion));
+      r.done.fill_ns += share.fill_ns;
+      r.done.writes += share.total;
+      if (--r.shares_left == 0) s.finished.push_back(r.done);
+    }
+    it = w.shares.erase(it);
+  }
+}
+// A data thread: set up where it belongs, then poll, post and retire until told to stop. An
+// error completion (the client died) fails the session, not the server.
+void RunWorker(Worker& w) {
+  Session& s = *w.session;
+  w.tid = gettid();
+  try {
+    if (s.On(wire::kEnginePin)) PinToGroupCore(w);
+    if (s.On(wire::kEngineNuma)) BindToGroupMemory(w);
+    OpenLanes(w);
+    ++s.ready;
+    while (!s.stop) {
+      w.heartbeat = Clock::now().time_since_epoch().count();
+      PlaceShares(w);
+      const size_t done = PollLanes(w);
+      PostWrites(w);
+      if (done > 0) {
+        const auto now = Clock::now();
+        w.last_completion = now.time_since_epoch().count();
+        FinishShares(w, now);
+      }
+      if (w.shares.empty()) {  // nothing to do: sleep until the control thread hands work over
+        std::unique_lock lock(w.inbox_mutex);
+        w.inbox_ready.wait_for(lock, std::chrono::milliseconds(100),
+                               [&] { return !w.inbox.empty() || s.stop; });
+      } else if (done == 0 && s.wait == WaitMode::kBlock &&
+                 std::all_of(w.pending.begin(), w.pending.end(),
+                             [](const auto& queue) { return queue.empty(); })) {
+        WaitForCompletions(w.lanes, 100);  // nothing prepared waits to be posted
+      }
+    }
+  } catch (const std::exception& e) {
+    Fail(s, e.what());
+  }
+  w.exited = true;
+}
+}  // namespace p5

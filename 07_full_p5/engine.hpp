@@ -1,0 +1,275 @@
+// 07_full_p5's parts, shared by its files (README.md, "The files"):
+//   main.cpp     the network, as in 06: lanes on every NIC of every group; the two programs
+//   engine.cpp   a data thread and the ladder's rungs: what makes it fast
+//   session.cpp  a client's session on the server: its threads, lanes and source memory
+//   client.cpp   the client: receiving threads, warmup, the requests, --ladder
+//   service.cpp  the service: the control endpoint, admission, limits, liveness
+#pragma once
+
+#include <rdma/fabric.h>
+#include <rdma/fi_domain.h>
+#include <rdma/fi_endpoint.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <list>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "completion.hpp"
+#include "fabric_handles.hpp"
+#include "host_buffer.hpp"
+#include "mailbox.hpp"
+#include "options.hpp"
+#include "page_buffer.hpp"
+#include "protocol.hpp"
+#include "registration.hpp"
+#include "report.hpp"
+#include "service.hpp"
+#include "topology.hpp"
+
+namespace p5 {
+
+using namespace common;
+using Clock = std::chrono::steady_clock;
+
+inline constexpr const char* kProgram = "07_full_p5";
+inline constexpr size_t kRecvDepth = 8;  // receives each side keeps posted
+inline constexpr uint64_t kMaxRequestsInFlight = 64;
+inline constexpr uint32_t kWarmupRequest = 0xffffffff;  // the id of the untimed warmup request
+
+// One posted operation. libfabric hands `context` back in the completion (FI_CONTEXT2 mode
+// reserves it for the provider), and from it we find the whole Op again.
+enum class OpKind { kRecv, kSend, kWrite };
+struct Share;
+
+struct Op {
+  fi_context2 context{};
+  OpKind kind = OpKind::kRecv;
+  uint8_t* buffer = nullptr;
+  size_t length = 0;
+  void* desc = nullptr;             // local descriptor of the registered buffer (FI_MR_LOCAL)
+  fi_addr_t peer = FI_ADDR_UNSPEC;  // where a SEND or WRITE goes: whom its failure concerns
+  Share* share = nullptr;           // the part of a request a WRITE belongs to
+  uint64_t remote_offset = 0;       // where in the peer's region a WRITE goes
+  size_t lane = 0;                  // the lane (of its thread) a WRITE goes out on
+};
+
+inline Op* OpOf(void* context) {
+  return reinterpret_cast<Op*>(context);
+}
+class Network {
+ public:
+  static Network Open(FiInfoPtr nic, WaitMode wait);
+  std::vector<uint8_t> Address() const;
+  fi_addr_t AddPeerAddress(std::span<const uint8_t> address);
+  wire::RemoteRegion Advertise(fid_mr* mr, const void* data, size_t size) const;
+  void PostRecv(Op& op);
+  bool PostSend(Op& op, fi_addr_t dest);
+  bool PostWrite(Op& op, fi_addr_t dest, const wire::RemoteRegion& region, uint64_t offset,
+                 uint32_t immediate, uint64_t flags);
+  // on_done(op, entry, source) for each completion, with op == nullptr for a remote write into
+  // our memory (no operation of ours was posted for it); on_error(op, error) for a failure.
+  template <typename OnDone, typename OnError>
+  size_t PollCompletion(OnDone&& on_done, OnError&& on_error) {
+    return ReadCompletions(
+        cq.get(), source,
+        [&](const fi_cq_data_entry& e, fi_addr_t from) {
+          on_done(IsRemoteWrite(e) ? nullptr : OpOf(e.op_context), e, from);
+        },
+        [&](const CompletionError& e) { on_error(OpOf(e.op_context), e); });
+  }
+
+  // Declared in creation order, so they are closed in reverse.
+  FiInfoPtr info;
+  FabricPtr fabric;
+  DomainPtr domain;
+  CqPtr cq;
+  AvPtr av;
+  EpPtr ep;
+  MemoryPath memory;    // where our pages live and how they reach the NIC (common/registration)
+  int wait_fd = -1;     // the CQ's file descriptor with --wait block
+  bool source = false;  // completions name their sender (FI_SOURCE): control endpoints only
+};
+// The lanes: every group's NICs, group after group, and which group each lane belongs to.
+struct Plan {
+  std::vector<FiInfoPtr> lanes;
+  std::vector<size_t> group_of;  // per lane
+  std::vector<DeviceGroup> groups;
+};
+Plan FindNics(const Options& options, std::span<const uint8_t> peer, MemoryKind memory,
+              std::string* no_hmem, bool print);
+FiInfoPtr DataLane(const fi_info& nic);
+WaitMode ChooseWaitMode(WaitMode requested, const fi_info& nic);
+void WaitForCompletions(std::span<Network> lanes, int timeout_ms);
+void PrintHeader(const char* role, const Plan& plan, WaitMode wait, const MemoryPath& memory);
+
+// The control messages: receives kept posted, and a queue of messages to send that never
+// makes us wait (common/mailbox.hpp).
+using Mail = Mailbox<Network, Op>;
+// "1 thread, pinned, sharded, batch 16, ...": the settings of an engine, for the log.
+std::string DescribeEngine(const wire::Engine& e, size_t threads);
+// How many data threads serve `lanes` lanes: --threads, or 0 for one per topology group
+// among them; never more than lanes. The client receives with as many.
+size_t ThreadsFor(uint32_t asked, const Plan& plan, size_t lanes);
+
+// One TRANSFER being served. The service hands it over; each data thread serves the pages
+// that go out on its lanes (its share), and the last one to finish hands it back.
+struct Request {
+  wire::Transfer transfer;
+  std::atomic<size_t> shares_left{0};
+  wire::Done done;  // filled in by the shares as they finish (under the session's mutex)
+};
+// A data thread's part of a request: the pages striped onto its lanes, in its source memory.
+struct Share {
+  std::shared_ptr<Request> request;
+  std::vector<uint32_t> positions;  // indices into transfer.pages
+  uint64_t offset = 0, bytes = 0;   // its pages' place in the thread's source memory
+  bool placed = false;              // that place taken and the pages filled
+  uint64_t total = 0;               // positions x repeat
+  uint64_t prepared = 0, posted = 0, completed = 0;
+  Clock::time_point first_post{}, last_completion{};
+  uint64_t fill_ns = 0;
+};
+// A data thread's source memory: allocated and registered on its lanes once per session
+// (the published engine registered its GPU buffers once), and lent to the shares of its
+// requests as they come, first fit. Filling pages is then all a request costs.
+struct SourcePool {
+  PageBuffer memory;
+  std::vector<MrPtr> mrs;              // per lane of the thread
+  std::map<uint64_t, uint64_t> holes;  // free parts: offset -> bytes
+
+  std::optional<uint64_t> Take(uint64_t bytes) {
+    for (auto it = holes.begin(); it != holes.end(); ++it) {
+      if (it->second < bytes) continue;
+      const uint64_t at = it->first, left = it->second - bytes;
+      holes.erase(it);
+      if (left > 0) holes[at + bytes] = left;
+      return at;
+    }
+    return std::nullopt;
+  }
+  void Give(uint64_t at, uint64_t bytes) {
+    auto next = holes.lower_bound(at);
+    if (next != holes.end() && at + bytes == next->first) {  // join the hole after
+      bytes += next->second;
+      next = holes.erase(next);
+    }
+    if (next != holes.begin()) {  // and the one before
+      auto prev = std::prev(next);
+      if (prev->first + prev->second == at) {
+        prev->second += bytes;
+        return;
+      }
+    }
+    holes[at] = bytes;
+  }
+};
+struct Session;
+// One data thread of a session and everything only it touches (the sharded state): its
+// lanes' endpoints, its source memory, its window of WRITEs, its queues and its counters.
+struct Worker {
+  Session* session = nullptr;
+  size_t first_lane = 0;  // its lanes: first_lane .. first_lane + lane_count - 1
+  size_t lane_count = 0;
+  const DeviceGroup* group = nullptr;
+  std::optional<unsigned> cpu;  // the core --pin puts it on
+  // Declared before the pool, so that the pool's MRs close before their domains.
+  std::vector<Network> lanes;
+  SourcePool pool;
+  HostBuffer staging;  // GPU memory: a share's pages are filled here, then copied in one go
+  std::vector<fi_addr_t> dest;                // per lane: the client's address in that lane's AV
+  std::vector<std::vector<uint8_t>> writers;  // per lane: our endpoint's address
+  std::vector<Op> ops;
+  std::vector<Op*> free_ops;
+  std::vector<std::deque<Op*>> pending;  // per lane: WRITEs prepared, not yet posted
+  std::vector<char> held_back;           // per lane: WRITEs posted with FI_MORE, no doorbell yet
+  std::list<std::unique_ptr<Share>> shares;
+  uint64_t writes = 0, bytes = 0;  // sharded counters, summed when reporting
+  uint64_t in_flight = 0;          // WRITEs of this thread's not yet completed
+  // What each rung does, counted, so that a switch that changed nothing shows (README.md).
+  uint64_t most_prepared = 0, posts = 0, doorbells = 0, posted_in_poll = 0;
+  std::string placement;   // where the OS says the thread runs and allocates
+  std::mutex inbox_mutex;  // the control thread hands new shares over here
+  std::condition_variable inbox_ready;
+  std::vector<std::unique_ptr<Share>> inbox;
+  std::atomic<bool> has_inbox{false};
+  // For the control thread: when the loop last went round, and when a WRITE last completed.
+  std::atomic<Clock::rep> heartbeat{Clock::now().time_since_epoch().count()};
+  std::atomic<Clock::rep> last_completion{Clock::now().time_since_epoch().count()};
+  std::atomic<bool> exited{false};
+  std::atomic<pid_t> tid{0};
+  std::thread thread;
+};
+// --no-shard: one window and one set of counters for all of a session's threads, behind a
+// lock that every WRITE takes twice.
+struct SharedState {
+  std::mutex mutex;
+  std::vector<Op> ops;
+  std::vector<Op*> free_ops;
+  uint64_t writes = 0, bytes = 0;
+  uint64_t locks = 0;  // how often a thread took the lock
+};
+// Everything the server holds for one client, freed when the client goes.
+struct Session : service::Session {
+  bool On(uint32_t flag) const { return engine.flags & flag; }
+  std::vector<std::vector<uint8_t>> Writers() const override;
+  std::string Describe() const override;
+  std::string Dispatch(wire::Transfer transfer) override;
+  Report Poll() override;
+  bool Stop() override;
+  std::string Totals() const override;
+
+  std::vector<std::vector<uint8_t>> addresses;  // per lane used
+  std::vector<wire::RemoteRegion> regions;      // per lane used
+  std::vector<size_t> owner;                    // per lane used: the worker that drives it
+  wire::Engine engine;
+  WaitMode wait = WaitMode::kSpin;
+  double peer_timeout_s = 10;
+  MemoryPath memory;
+  const Plan* plan = nullptr;
+  const Topology* topology = nullptr;
+  SharedState shared;  // before the workers: their endpoints close first
+  std::vector<std::unique_ptr<Worker>> workers;
+  std::atomic<size_t> ready{0};  // workers whose lanes are open
+  std::atomic<bool> stop{false};
+  std::mutex mutex;  // guards failure and finished
+  std::string failure;
+  std::vector<wire::Done> finished;
+};
+// The data thread (engine.cpp).
+void RunWorker(Worker& w);
+void Fail(Session& s, const std::string& why);
+
+// The engine the service drives: a session per CONNECT (session.cpp).
+class Engine : public service::Engine {
+ public:
+  Engine(const Options& options, const Plan& plan, const Topology& topology, WaitMode wait,
+         MemoryPath memory)
+      : options_(options), plan_(plan), topology_(topology), wait_(wait), memory_(memory) {}
+  std::unique_ptr<service::Session> Open(const wire::Connect& connect) override;
+
+ private:
+  const Options& options_;
+  const Plan& plan_;
+  const Topology& topology_;
+  WaitMode wait_;
+  MemoryPath memory_;
+};
+
+// The client (client.cpp).
+void CheckRequestSize(const Options& options);
+wire::Engine EngineFromOptions(const Options& options);
+Summary RunSession(const Options& options, std::span<const uint8_t> peer, wire::Engine engine,
+                   bool warm, bool print);
+int RunLadder(const Options& options, std::span<const uint8_t> peer);
+
+}  // namespace p5

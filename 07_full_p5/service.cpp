@@ -1,0 +1,302 @@
+#include "service.hpp"
+
+#include <cstdio>
+#include <deque>
+#include <map>
+#include <set>
+#include <thread>
+
+#include "address.hpp"
+#include "completion.hpp"
+#include "endpoint.hpp"
+#include "error.hpp"
+#include "mailbox.hpp"
+#include "program.hpp"
+
+using namespace common;
+
+namespace service {
+
+namespace {
+
+constexpr size_t kRecvDepth = 16;  // control messages the server keeps receives posted for
+constexpr size_t kSendDepth = 16;
+
+using Mail = Mailbox<Endpoint, ControlOp>;
+
+// What the service keeps for each connected client.
+struct Client {
+  uint64_t number = 0;                      // clients in order of arrival, for messages
+  fi_addr_t control = FI_ADDR_UNSPEC;       // where our answers go, in the control AV
+  std::vector<uint8_t> reply;               // that address
+  std::vector<std::vector<uint8_t>> lanes;  // its lane addresses: nobody else may claim them
+  std::vector<wire::RemoteRegion> regions;  // per lane
+  std::unique_ptr<Session> session;
+  size_t open_requests = 0;
+  bool leaving = false;  // said BYE: its open requests finish, then it goes
+  Clock::time_point last_message, leaving_since{};
+};
+
+struct Received {
+  std::vector<uint8_t> bytes;
+  fi_addr_t source;
+};
+
+std::string Seconds(double s) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.1f s", s);
+  return text;
+}
+
+}  // namespace
+
+int Serve(const Options& options, const fi_info& control, WaitMode wait, Engine& engine) {
+  Endpoint net = Endpoint::Open(control, wait == WaitMode::kBlock);
+  PublishAddress(net.Address(), options.address_file);
+  const auto limit =
+      std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(options.timeout_s));
+  const auto peer_timeout = std::chrono::duration_cast<Clock::duration>(
+      std::chrono::duration<double>(options.peer_timeout_s));
+
+  Mail mail(net, kRecvDepth, kSendDepth);
+  std::map<uint64_t, Client> clients;       // by number: a number is never given out twice
+  std::map<fi_addr_t, uint64_t> by_source;  // control address -> number
+  std::deque<Received> inbox;
+  std::map<fi_addr_t, std::string> lost;            // peers a send failed for
+  std::map<fi_addr_t, Clock::time_point> departed;  // control AV entries to remove
+  std::vector<std::unique_ptr<Session>> stuck;      // a thread of theirs never returned
+  uint64_t served = 0, arrivals = 0;
+
+  auto on_done = [&](const fi_cq_data_entry& done, fi_addr_t source) {
+    ControlOp* op = reinterpret_cast<ControlOp*>(done.op_context);
+    if (!op->receive) {
+      mail.Sent(op);
+      return;
+    }
+    inbox.push_back({{op->buffer, op->buffer + done.len}, source});
+    net.PostRecv(*op);
+  };
+  auto on_error = [&](const CompletionError& error) {
+    ControlOp* op = reinterpret_cast<ControlOp*>(error.op_context);
+    if (op == nullptr) {
+      std::printf("a peer's operation failed: %s\n", error.text.c_str());
+    } else if (op->receive) {  // too long for our buffers, or cut off
+      std::printf("dropped a message: %s\n", error.text.c_str());
+      net.PostRecv(*op);
+    } else {
+      lost.emplace(op->peer, error.text);
+      mail.Sent(op);
+    }
+  };
+  auto progress = [&] {
+    const size_t n = ReadCompletions(net.cq.get(), true, on_done, on_error);
+    for (fi_addr_t peer : mail.Flush(limit)) lost.emplace(peer, "does not take our messages");
+    return n;
+  };
+  auto refuse = [&](fi_addr_t dest, uint64_t number, uint32_t request_id, const std::string& why) {
+    std::printf("client %llu: refused: %s\n", static_cast<unsigned long long>(number), why.c_str());
+    mail.Send(dest, wire::ErrorReply{request_id, why});
+  };
+  // Closes a client's session (its threads stopped, its endpoints and memory freed) and
+  // forgets the client; its control address leaves our AV once our last message to it left.
+  auto close = [&](uint64_t number, const std::string& how) {
+    auto it = clients.find(number);
+    if (it == clients.end()) return;
+    Client& c = it->second;
+    const bool stopped = c.session->Stop();
+    std::printf("client %llu %s: %s\n", static_cast<unsigned long long>(number), how.c_str(),
+                c.session->Totals().c_str());
+    if (!stopped) {
+      std::printf("client %llu: a thread stuck in the provider is left at idle priority\n",
+                  static_cast<unsigned long long>(number));
+      stuck.push_back(std::move(c.session));
+    }
+    if (how.rfind("lost", 0) == 0) mail.Forget(c.control);
+    by_source.erase(c.control);
+    departed[c.control] = Clock::now();
+    clients.erase(it);
+    ++served;
+  };
+
+  while (!StopRequested() && (options.exit_after == 0 || served < options.exit_after)) {
+    bool busy = progress() > 0;
+    for (const auto& [peer, why] : lost)
+      if (auto it = by_source.find(peer); it != by_source.end()) close(it->second, "lost: " + why);
+    lost.clear();
+
+    // Each session: requests finished, failures, and signs of life.
+    for (auto it = clients.begin(); it != clients.end();) {
+      Client& c = (it++)->second;
+      Session::Report report = c.session->Poll();
+      for (const wire::Done& done : report.finished) {
+        busy = true;
+        if (c.open_requests > 0) --c.open_requests;
+        std::printf("client %llu: %s: %llu WRITEs in %.3f s, pages filled in %.3f ms\n",
+                    static_cast<unsigned long long>(c.number),
+                    done.request_id == 0xffffffff
+                        ? "warmup"
+                        : ("request " + std::to_string(done.request_id)).c_str(),
+                    static_cast<unsigned long long>(done.writes),
+                    static_cast<double>(done.last_completion_ns - done.first_post_ns) / 1e9,
+                    static_cast<double>(done.fill_ns) / 1e6);
+        mail.Send(c.control, done);
+      }
+      const auto now = Clock::now();
+      // Liveness counts from the last sign of life: a message, or a WRITE that completed.
+      const auto last_sign = std::max(c.last_message, report.last_completion);
+      std::string why = report.failure;
+      if (why.empty() && now - last_sign > peer_timeout)
+        why = "silent for " + Seconds(std::chrono::duration<double>(now - last_sign).count());
+      if (!why.empty()) {
+        close(c.number, "lost: " + why);
+      } else if (c.leaving && c.open_requests == 0) {
+        close(c.number, "done");
+      } else if (c.leaving && now - c.leaving_since > limit) {
+        close(c.number,
+              "done (" + std::to_string(c.open_requests) + " requests unfinished after its BYE)");
+      }
+    }
+    std::erase_if(departed, [&](const auto& d) {
+      if (mail.Busy(d.first) && Clock::now() - d.second < limit) return false;
+      if (!by_source.count(d.first)) net.Remove(d.first);
+      return true;
+    });
+    std::fflush(stdout);
+
+    if (!busy && inbox.empty()) {  // control traffic is rare: do not spin on it
+      if (wait == WaitMode::kBlock)
+        net.Wait(10);
+      else
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    while (!inbox.empty()) {
+      Received m = std::move(inbox.front());
+      inbox.pop_front();
+      auto known = m.source == FI_ADDR_NOTAVAIL ? by_source.end() : by_source.find(m.source);
+      Client* c = known == by_source.end() ? nullptr : &clients.at(known->second);
+      wire::Message message;
+      try {
+        message = wire::Decode(m.bytes);
+      } catch (const wire::ProtocolError& e) {
+        if (c != nullptr)
+          refuse(c->control, c->number, 0, e.what());
+        else
+          std::printf("dropped a message: %s\n", e.what());
+        continue;
+      }
+      if (c != nullptr) c->last_message = Clock::now();
+      if (auto* connect = std::get_if<wire::Connect>(&message)) {
+        const uint64_t number = ++arrivals;
+        const std::vector<uint8_t> reply =
+            connect->reply.empty() ? connect->lanes[0].address : connect->reply;
+        // Whoever names a connected client's control address cannot be answered without
+        // answering that client: dropped. Whoever names its lanes would have us write into
+        // its region with its keys: refused.
+        for (auto it = clients.begin(); it != clients.end();) {  // a client that said BYE
+          const Client& other = (it++)->second;                  // and comes again
+          if (other.reply == reply && other.leaving) close(other.number, "done");
+        }
+        std::string claim;
+        bool impostor = false;
+        for (const auto& [n, other] : clients) {
+          impostor = impostor || other.reply == reply;
+          for (size_t l = 0; l < other.lanes.size() && claim.empty(); ++l)
+            for (size_t k = 0; k < connect->lanes.size() && claim.empty(); ++k)
+              if (connect->lanes[k].address == other.lanes[l])
+                claim = "lane " + std::to_string(k) + " is lane " + std::to_string(l) +
+                        " of client " + std::to_string(n) +
+                        ": a client's lanes, regions and keys are its own";
+        }
+        if (impostor) {
+          std::printf(
+              "dropped a CONNECT from client %llu: it names the address of a connected "
+              "client\n",
+              static_cast<unsigned long long>(number));
+          continue;
+        }
+        fi_addr_t id = FI_ADDR_UNSPEC;
+        try {
+          id = net.Insert(reply);
+        } catch (const Error& e) {
+          std::printf("dropped a CONNECT: %s\n", e.what());
+          continue;
+        }
+        departed.erase(id);
+        if (auto old = by_source.find(id); old != by_source.end())  // an address reused
+          close(old->second, "lost: replaced by a new CONNECT from its address");
+        if (!claim.empty()) {
+          refuse(id, number, 0, claim);
+          departed[id] = Clock::now();
+          continue;
+        }
+        if (options.max_clients > 0 && clients.size() >= options.max_clients) {
+          refuse(id, number, 0,
+                 "server full: " + std::to_string(clients.size()) + " clients (--max-clients)");
+          departed[id] = Clock::now();
+          continue;
+        }
+        const auto opening = Clock::now();
+        std::unique_ptr<Session> session;
+        try {
+          session = engine.Open(*connect);
+        } catch (const std::exception& e) {  // Error, no memory, no thread
+          refuse(id, number, 0, std::string("could not open a session: ") + e.what());
+          departed[id] = Clock::now();
+          continue;
+        }
+        const uint64_t setup_ns = static_cast<uint64_t>(
+            std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - opening).count());
+        Client& client = clients[number];
+        client.number = number;
+        client.control = id;
+        client.reply = reply;
+        for (const auto& lane : connect->lanes) {
+          client.lanes.push_back(lane.address);
+          client.regions.push_back(lane.region);
+        }
+        client.session = std::move(session);
+        client.last_message = Clock::now();
+        by_source[id] = number;
+        std::printf("client %llu connected: region of %llu bytes, %s; set-up %.1f ms\n",
+                    static_cast<unsigned long long>(number),
+                    static_cast<unsigned long long>(connect->lanes[0].region.length),
+                    client.session->Describe().c_str(), static_cast<double>(setup_ns) / 1e6);
+        mail.Send(id, wire::Accept{client.session->Writers(), setup_ns});
+      } else if (c == nullptr) {
+        std::printf("dropped a message from a sender that did not CONNECT\n");
+      } else if (auto* transfer = std::get_if<wire::Transfer>(&message)) {
+        // A request names pages of its sender's region: the one its CONNECT advertised.
+        std::string why;
+        try {
+          for (size_t l = 0; l < c->regions.size(); ++l)
+            wire::ValidateTransfer(*transfer, c->regions[l]);
+        } catch (const wire::ProtocolError& e) {
+          why = e.what();
+        }
+        if (why.empty() && c->leaving) why = "it said BYE";
+        if (why.empty() && c->open_requests >= options.max_requests)
+          why = std::to_string(c->open_requests) + " requests in flight already (--max-requests " +
+                std::to_string(options.max_requests) + ")";
+        const uint32_t id = transfer->request_id;
+        if (why.empty()) why = c->session->Dispatch(std::move(*transfer));
+        if (!why.empty())
+          refuse(c->control, c->number, id, why);
+        else
+          ++c->open_requests;
+      } else if (std::holds_alternative<wire::Bye>(message)) {
+        // Its open requests finish first (bounded by --timeout); nothing waits for them here.
+        c->leaving = true;
+        c->leaving_since = Clock::now();
+      } else {
+        refuse(c->control, c->number, 0, "unexpected message type");
+      }
+      std::fflush(stdout);
+    }
+  }
+  while (!clients.empty()) close(clients.begin()->first, "stopped");
+  for (auto& s : stuck) s.release();  // its stuck thread still uses it; exit ends both
+  std::printf("served %llu clients\n", static_cast<unsigned long long>(served));
+  return kExitOk;
+}
+
+}  // namespace service

@@ -1,0 +1,66 @@
+// 07's service machinery: what a server needs to serve many clients at once, and none of the
+// ladder, so that main.cpp reads as the engine and its optimizations (README.md, "The
+// service"). The service owns the control endpoint on the first NIC and the table of clients:
+// it admits or refuses each CONNECT (--max-clients, lanes that are another client's), keeps
+// each client to its limits (--max-requests, and --client-memory through the engine), answers
+// every request with DONE or ERROR, notices a client that left, died or fell silent, and never
+// lets one client hold up another. The engine (main.cpp) opens, feeds and closes a session per
+// client through the two interfaces below.
+#pragma once
+
+#include <rdma/fabric.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "options.hpp"
+#include "protocol.hpp"
+
+namespace service {
+
+namespace wire = common::wire;
+using Clock = std::chrono::steady_clock;
+
+// One client's session in the engine: its endpoints, memory and data threads.
+class Session {
+ public:
+  virtual ~Session() = default;
+  // The addresses its WRITEs come from, one per lane: ACCEPT carries them.
+  virtual std::vector<std::vector<uint8_t>> Writers() const = 0;
+  // "2 lanes, 1 thread, pinned, ...": the server's line for the client.
+  virtual std::string Describe() const = 0;
+  // Hands a validated request to the data threads; "" or why it cannot be served.
+  virtual std::string Dispatch(wire::Transfer transfer) = 0;
+  // What happened since the last call: requests finished, a failure (a WRITE failed, a data
+  // thread is stuck in the provider), and when a WRITE last completed.
+  struct Report {
+    std::vector<wire::Done> finished;
+    std::string failure;
+    Clock::time_point last_completion{};
+  };
+  virtual Report Poll() = 0;
+  // Stops its threads, at most a few seconds; false when one is stuck inside the provider and
+  // cannot be stopped (the session must then never be freed).
+  virtual bool Stop() = 0;
+  // The session's totals for the server's last line about it ("131104 WRITEs, ... bytes").
+  virtual std::string Totals() const = 0;
+};
+
+// Opens sessions: the engine.
+class Engine {
+ public:
+  virtual ~Engine() = default;
+  // A session for this CONNECT, its lanes open and its threads started. Throws common::Error
+  // (or std::exception) with the reason it cannot be: the client is refused with it.
+  virtual std::unique_ptr<Session> Open(const wire::Connect& connect) = 0;
+};
+
+// Serves clients on a control endpoint opened on `control` (the first NIC) until SIGINT or
+// SIGTERM, or --exit-after clients; prints the address and one line per event. Returns the
+// exit code.
+int Serve(const common::Options& options, const fi_info& control, common::WaitMode wait,
+          Engine& engine);
+
+}  // namespace service

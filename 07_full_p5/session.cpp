@@ -1,0 +1,216 @@
+// 07_full_p5: a client's session on the server: its data threads (a thread per group of
+// lanes), its endpoints and source memory, opened for one CONNECT, fed its requests, watched,
+// and closed when it goes. The service (service.cpp) drives it through service::Session.
+
+#include <sched.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <map>
+#include <set>
+#include <string>
+#include <thread>
+
+#include "engine.hpp"
+#include "error.hpp"
+
+namespace p5 {
+
+std::string DescribeEngine(const wire::Engine& e, size_t threads) {
+  std::string s = std::to_string(threads) + " thread" + (threads == 1 ? "" : "s");
+  s += (e.flags & wire::kEnginePin) ? ", pinned" : ", not pinned";
+  s += (e.flags & wire::kEngineShard) ? ", sharded" : ", one shared state";
+  s += ", batch " + std::to_string(e.batch);
+  s += (e.flags & wire::kEngineLazy) ? ", lazy posting" : ", eager posting";
+  s += (e.flags & wire::kEngineNuma) ? ", NUMA-bound" : ", no NUMA binding";
+  s += ", doorbell " + std::to_string(e.doorbell);
+  s += ", window " + std::to_string(e.window) + " per lane";
+  return s;
+}
+size_t ThreadsFor(uint32_t asked, const Plan& plan, size_t lanes) {
+  size_t threads = asked;
+  if (threads == 0)
+    threads = std::set<size_t>(plan.group_of.begin(), plan.group_of.begin() + lanes).size();
+  return std::min(threads, lanes);
+}
+std::vector<std::vector<uint8_t>> Session::Writers() const {
+  std::vector<std::vector<uint8_t>> all;
+  for (const auto& w : workers) all.insert(all.end(), w->writers.begin(), w->writers.end());
+  return all;
+}
+std::string Session::Describe() const {
+  return std::to_string(regions.size()) + " lanes, " + DescribeEngine(engine, workers.size());
+}
+// Splits a validated request into one share per data thread and hands them over. A share
+// larger than its thread's source memory could never be placed: refused.
+std::string Session::Dispatch(wire::Transfer transfer) {
+  auto request = std::make_shared<Request>();
+  request->transfer = std::move(transfer);
+  const wire::Transfer& t = request->transfer;
+  request->done = {t.request_id, 0, UINT64_MAX, 0, 0};
+  std::vector<std::unique_ptr<Share>> shares(workers.size());
+  for (size_t i = 0; i < t.pages.size(); ++i) {
+    auto& share = shares[owner[i % regions.size()]];
+    if (!share) share = std::make_unique<Share>();
+    share->positions.push_back(static_cast<uint32_t>(i));
+  }
+  for (size_t w = 0; w < shares.size(); ++w) {
+    if (!shares[w]) continue;
+    shares[w]->bytes = shares[w]->positions.size() * t.page_size;
+    if (shares[w]->bytes > workers[w]->pool.memory.size())
+      return "request " + std::to_string(t.request_id) + " needs " +
+             std::to_string(shares[w]->bytes) + " bytes of source memory on a thread that holds " +
+             std::to_string(workers[w]->pool.memory.size()) + " (what CONNECT asked for)";
+  }
+  request->shares_left = static_cast<size_t>(
+      std::count_if(shares.begin(), shares.end(), [](const auto& x) { return x != nullptr; }));
+  for (size_t w = 0; w < shares.size(); ++w) {
+    if (!shares[w]) continue;
+    Worker& worker = *workers[w];
+    shares[w]->request = request;
+    shares[w]->total = shares[w]->positions.size() * t.repeat;
+    {
+      std::lock_guard lock(worker.inbox_mutex);
+      worker.inbox.push_back(std::move(shares[w]));
+      worker.has_inbox = true;
+    }
+    worker.inbox_ready.notify_all();
+  }
+  return "";
+}
+// A data thread that has not gone round its loop for --peer-timeout is stuck inside a
+// provider call: libfabric 1.17's shm does that when a peer is killed while holding the
+// spinlock of its shared-memory region.
+service::Session::Report Session::Poll() {
+  Report report;
+  {
+    std::lock_guard lock(mutex);
+    report.finished.swap(finished);
+    report.failure = failure;
+  }
+  const auto limit = std::chrono::duration<double>(peer_timeout_s);
+  for (const auto& w : workers) {
+    const Clock::time_point beat{Clock::duration(w->heartbeat.load())};
+    if (report.failure.empty() && !w->exited && Clock::now() - beat > limit)
+      report.failure = "a data thread has been stuck in the provider for " +
+                       std::to_string(static_cast<int>(limit.count())) + " s";
+    report.last_completion = std::max(
+        report.last_completion, Clock::time_point{Clock::duration(w->last_completion.load())});
+  }
+  return report;
+}
+// Stops the threads and waits for them; destroying the session then frees the rest. False
+// when a thread is stuck in the provider and cannot be stopped: it is left running at idle
+// priority (it only gets a CPU nobody else wants), and its session is never freed.
+bool Session::Stop() {
+  stop = true;
+  for (auto& w : workers) {
+    {
+      std::lock_guard lock(w->inbox_mutex);  // so no thread misses the wake-up
+    }
+    w->inbox_ready.notify_all();
+  }
+  const auto deadline = Clock::now() + std::chrono::seconds(2);  // a loop takes <= 100 ms
+  bool all = true;
+  for (auto& w : workers) {
+    while (!w->exited && Clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    if (w->exited) {
+      if (w->thread.joinable()) w->thread.join();
+      continue;
+    }
+    sched_param idle{};
+    sched_setscheduler(w->tid, SCHED_IDLE, &idle);
+    w->thread.detach();
+    all = false;
+  }
+  return all;
+}
+// The totals, and what each rung did, as the threads counted it.
+std::string Session::Totals() const {
+  uint64_t writes = shared.writes, bytes = shared.bytes, most_prepared = 0, posts = 0,
+           doorbells = 0, in_poll = 0;
+  std::string placement;
+  for (const auto& w : workers) {  // sharded counters are summed only now
+    writes += w->writes;
+    bytes += w->bytes;
+    most_prepared = std::max(most_prepared, w->most_prepared);
+    posts += w->posts;
+    doorbells += w->doorbells;
+    in_poll += w->posted_in_poll;
+    placement += (placement.empty() ? "" : "; ") + w->placement;
+  }
+  char line[512];
+  std::snprintf(line, sizeof(line),
+                "%llu WRITEs, %llu bytes; engine: %zu threads (%s), %llu lock acquisitions, "
+                "at most %llu WRITEs prepared per visit, %.2f WRITEs per doorbell, %.0f%% posted "
+                "from the CQ poll",
+                static_cast<unsigned long long>(writes), static_cast<unsigned long long>(bytes),
+                workers.size(), placement.c_str(), static_cast<unsigned long long>(shared.locks),
+                static_cast<unsigned long long>(most_prepared),
+                doorbells ? static_cast<double>(posts) / static_cast<double>(doorbells) : 0.0,
+                posts ? 100.0 * static_cast<double>(in_poll) / static_cast<double>(posts) : 0.0);
+  return line;
+}
+// The engine the service drives: a session per CONNECT, its lanes dealt to its threads in
+// contiguous blocks, which are the topology's groups when there is a thread per group.
+std::unique_ptr<service::Session> Engine::Open(const wire::Connect& connect) {
+  auto s = std::make_unique<Session>();
+  const size_t used = std::min(plan_.lanes.size(), connect.lanes.size());
+  for (size_t l = 0; l < used; ++l) {
+    s->addresses.push_back(connect.lanes[l].address);
+    s->regions.push_back(connect.lanes[l].region);
+  }
+  s->engine = connect.engine;
+  if (s->engine.window == 0) s->engine.window = static_cast<uint32_t>(options_.window);
+  const size_t tx = plan_.lanes[0]->tx_attr->size;
+  if (s->engine.window > tx || s->engine.doorbell > s->engine.window)
+    throw Error("window " + std::to_string(s->engine.window) + " and doorbell " +
+                std::to_string(s->engine.doorbell) + " must fit the provider's queue of " +
+                std::to_string(tx) + " (doorbell <= window <= " + std::to_string(tx) + ")");
+  if (s->engine.memory * used > options_.client_memory)
+    throw Error("it asks for " + std::to_string(s->engine.memory * used) +
+                " bytes of source memory, over this server's " +
+                std::to_string(options_.client_memory) + " per client (--client-memory)");
+  s->wait = wait_;
+  s->peer_timeout_s = options_.peer_timeout_s;
+  s->memory = memory_;
+  s->plan = &plan_;
+  s->topology = &topology_;
+  const size_t threads = ThreadsFor(s->engine.threads, plan_, used);
+  std::map<const DeviceGroup*, size_t> per_group;  // threads placed in each group so far
+  for (size_t t = 0; t < threads; ++t) {
+    auto w = std::make_unique<Worker>();
+    w->session = s.get();
+    w->first_lane = t * used / threads;
+    w->lane_count = (t + 1) * used / threads - w->first_lane;
+    w->group = &plan_.groups[plan_.group_of[w->first_lane]];
+    if (!w->group->cpus.empty())
+      w->cpu = w->group->cpus[per_group[w->group]++ % w->group->cpus.size()];
+    for (size_t l = 0; l < w->lane_count; ++l) s->owner.push_back(t);
+    s->workers.push_back(std::move(w));
+  }
+  if (!s->On(wire::kEngineShard)) {
+    s->shared.ops.resize(s->engine.window * used);
+    for (auto& op : s->shared.ops) s->shared.free_ops.push_back(&op);
+  }
+  for (auto& w : s->workers) w->thread = std::thread(RunWorker, std::ref(*w));
+  const auto deadline =
+      Clock::now() + std::chrono::duration<double>(std::max(options_.timeout_s, 1.0));
+  while (s->ready < s->workers.size() && !s->stop && Clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  std::string why;
+  {
+    std::lock_guard lock(s->mutex);
+    why = s->failure;
+  }
+  if (why.empty() && s->ready < s->workers.size()) why = "its lanes did not open in time";
+  if (!why.empty()) {
+    if (!s->Stop()) s.release();  // a thread is stuck in the provider: never freed
+    throw Error(why);
+  }
+  return s;
+}
+
+}  // namespace p5

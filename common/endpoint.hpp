@@ -1,0 +1,50 @@
+// An endpoint and the objects behind it (fabric, domain, CQ, AV), opened in one call, for code
+// around the lessons: 07's service (its control endpoint), the hostile-peer test program and
+// the unit tests. Each stage opens its own (Network::Open): that is what the stages teach.
+#pragma once
+
+#include <rdma/fabric.h>
+#include <rdma/fi_endpoint.h>
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "fabric_handles.hpp"
+
+namespace common {
+
+// A SEND or a RECV of control messages (common/mailbox.hpp).
+struct ControlOp {
+  fi_context2 context{};
+  bool receive = false;
+  uint8_t* buffer = nullptr;
+  size_t length = 0;
+  void* desc = nullptr;
+  fi_addr_t peer = FI_ADDR_UNSPEC;  // where a SEND goes
+};
+
+struct Endpoint {
+  // Opens fabric, domain, CQ (FI_CQ_FORMAT_DATA; with a wait fd when `wait_fd`), AV (table)
+  // and an enabled endpoint for `info`. Throws Error.
+  static Endpoint Open(const fi_info& info, bool wait_fd = false);
+  std::vector<uint8_t> Address() const;
+  // Inserts a peer's address; throws Error when the provider does not accept it.
+  fi_addr_t Insert(std::span<const uint8_t> address);
+  void Remove(fi_addr_t peer);
+  void PostRecv(ControlOp& op);
+  bool PostSend(ControlOp& op, fi_addr_t dest);  // false: -FI_EAGAIN
+  // Sleeps in the CQ's wait fd until it has something, or `timeout_ms` passes.
+  void Wait(int timeout_ms);
+
+  // Declared in creation order, so they are closed in reverse.
+  FiInfoPtr info;
+  FabricPtr fabric;
+  DomainPtr domain;
+  CqPtr cq;
+  AvPtr av;
+  EpPtr ep;
+  int wait_fd = -1;
+};
+
+}  // namespace common

@@ -1,0 +1,127 @@
+// The control messages of one side, from stage 03 on (03's README walks through it): receive
+// buffers kept posted, send buffers, and the messages waiting for one. Sending never waits:
+// Send() queues a message and Flush(), called from the owner's loop, posts what the provider
+// takes now. A peer whose messages wait too long is reported, so a server drops it instead of
+// stalling every other client behind it (a CONNECT can name an address nobody answers at).
+//
+// A template over the stage's own Network (PostRecv, PostSend, domain, info) and Op (buffer,
+// length, desc, peer), so that each stage keeps its own op types and posting code.
+#pragma once
+
+#include <rdma/fabric.h>
+#include <rdma/fi_domain.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <deque>
+#include <set>
+#include <vector>
+
+#include "error.hpp"
+#include "fabric_handles.hpp"
+#include "host_buffer.hpp"
+#include "protocol.hpp"
+#include "registration.hpp"
+
+namespace common {
+
+template <typename Network, typename Op>
+class Mailbox {
+ public:
+  using Clock = std::chrono::steady_clock;
+  static constexpr size_t kMessageBytes = wire::kMaxMessageBytes;  // every buffer's size
+
+  Mailbox(Network& net, size_t receives, size_t sends)
+      : net_(net),
+        buffers_((receives + sends) * kMessageBytes),
+        mr_(RegisterMemory(net.domain.get(), *net.info, buffers_.data(), buffers_.size(),
+                           FI_RECV | FI_SEND)),
+        recvs_(receives),
+        sends_(sends) {
+    for (size_t i = 0; i < receives + sends; ++i) {
+      Op& op = i < receives ? recvs_[i] : sends_[i - receives];
+      op.buffer = buffers_.data() + i * kMessageBytes;
+      op.desc = fi_mr_desc(mr_.get());
+    }
+    for (auto& op : recvs_) net.PostRecv(op);
+    for (auto& op : sends_) free_.push_back(&op);
+  }
+
+  // Queues `message` for `dest`; Flush() posts it.
+  void Send(fi_addr_t dest, const wire::Message& message) {
+    outbox_.push_back({dest, wire::Encode(message), Clock::now()});
+  }
+
+  // Posts queued messages, oldest first, while send buffers are free and the provider takes
+  // them, keeping each peer's messages in order. Returns the peers whose oldest message has
+  // waited longer than `limit` (their messages are dropped): they do not take our messages.
+  std::set<fi_addr_t> Flush(Clock::duration limit) {
+    std::set<fi_addr_t> held, stalled;
+    for (auto it = outbox_.begin(); it != outbox_.end();) {
+      if (held.count(it->dest) || free_.empty() || !Post(*it)) {
+        if (Clock::now() - it->since > limit || refused_.count(it->dest)) stalled.insert(it->dest);
+        held.insert(it->dest);
+        ++it;
+      } else {
+        it = outbox_.erase(it);
+      }
+    }
+    for (fi_addr_t peer : stalled) Forget(peer);
+    refused_.clear();
+    return stalled;
+  }
+
+  // A send completed (or failed): its buffer is free again.
+  void Sent(Op* op) { free_.push_back(op); }
+
+  // Drops what is still queued for `peer`.
+  void Forget(fi_addr_t peer) {
+    std::erase_if(outbox_, [peer](const Outgoing& m) { return m.dest == peer; });
+  }
+
+  // Whether something of ours is queued for, or on its way to, `peer`.
+  bool Busy(fi_addr_t peer) const {
+    for (const auto& m : outbox_)
+      if (m.dest == peer) return true;
+    for (const auto& op : sends_)
+      if (op.peer == peer && std::find(free_.begin(), free_.end(), &op) == free_.end()) return true;
+    return false;
+  }
+
+  // Nothing queued and every send completed.
+  bool Idle() const { return outbox_.empty() && free_.size() == sends_.size(); }
+
+ private:
+  struct Outgoing {
+    fi_addr_t dest;
+    std::vector<uint8_t> bytes;
+    Clock::time_point since;
+  };
+
+  // True when posted; false to try later (-FI_EAGAIN) or never (the provider refused the
+  // destination: it goes to refused_, and Flush reports it at once).
+  bool Post(const Outgoing& m) {
+    Op* op = free_.back();
+    std::memcpy(op->buffer, m.bytes.data(), m.bytes.size());
+    op->length = m.bytes.size();
+    try {
+      if (!net_.PostSend(*op, m.dest)) return false;
+    } catch (const Error&) {
+      refused_.insert(m.dest);
+      return false;
+    }
+    free_.pop_back();
+    return true;
+  }
+
+  Network& net_;
+  HostBuffer buffers_;
+  MrPtr mr_;
+  std::vector<Op> recvs_, sends_;
+  std::vector<Op*> free_;
+  std::deque<Outgoing> outbox_;
+  std::set<fi_addr_t> refused_;
+};
+
+}  // namespace common

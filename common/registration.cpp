@@ -1,0 +1,130 @@
+#include "registration.hpp"
+
+#include <rdma/fi_endpoint.h>
+
+#include <random>
+
+#include "error.hpp"
+
+namespace common {
+
+uint64_t RandomKey(size_t key_size) {
+  static thread_local std::mt19937_64 rng{(static_cast<uint64_t>(std::random_device{}()) << 32) ^
+                                          std::random_device{}()};
+  const uint64_t key = rng();
+  return key_size >= 8 ? key : key & ((1ull << (8 * key_size)) - 1);
+}
+
+MrPtr RegisterMemory(fid_domain* domain, const fi_info& info, void* data, size_t size,
+                     uint64_t access, const CudaBuffer* gpu, bool* dmabuf) {
+  fi_mr_attr attr{};
+  iovec iov{data, size};
+  attr.mr_iov = &iov;
+  attr.iov_count = 1;
+  attr.access = access;
+  // Ignored where the provider picks keys (FI_MR_PROV_KEY); fi_mr_key() tells the key either way.
+  attr.requested_key = RandomKey(info.domain_attr->mr_key_size);
+  uint64_t flags = 0;
+#ifdef FI_MR_DMABUF
+  fi_mr_dmabuf buf{};  // must outlive fi_mr_regattr: attr.dmabuf shares storage with mr_iov
+#endif
+  UniqueFd dmabuf_fd;
+  if (gpu != nullptr) {
+    attr.iface = FI_HMEM_CUDA;
+    attr.device.cuda = gpu->device();
+    flags |= FI_HMEM_DEVICE_ONLY;
+#ifdef FI_MR_DMABUF
+    dmabuf_fd = gpu->ExportDmabuf(data, size);
+    if (dmabuf_fd.get() >= 0) {
+      buf.fd = dmabuf_fd.get();
+      buf.len = size;
+      buf.base_addr = data;
+      attr.dmabuf = &buf;
+      flags |= FI_MR_DMABUF;
+    }
+#endif
+  }
+  if (dmabuf != nullptr) *dmabuf = dmabuf_fd.get() >= 0;
+  fid_mr* mr = nullptr;
+  FI_CHECK(fi_mr_regattr(domain, &attr, flags, &mr));
+  return MrPtr(mr);
+}
+
+MrPtr RegisterPages(fid_domain* domain, const fi_info& info, const PageBuffer& pages,
+                    uint64_t access) {
+  const bool direct = pages.path() == PageBuffer::Path::kGpuDirect;
+  return RegisterMemory(domain, info, pages.nic_data(), pages.size(), access,
+                        direct ? &pages.gpu() : nullptr);
+}
+
+// A provider that registers GPU memory moves it either with the NIC alone (GPUDirect RDMA) or
+// with the CUDA API (shm: CUDA IPC; efa without GPUDirect RDMA: copies through host memory).
+// FI_OPT_CUDA_API_PERMITTED (API 1.18 on) tells which: an endpoint that needs the CUDA API
+// refuses to do without it (-FI_EOPNOTSUPP).
+static std::string HowDirect(fid_domain* domain, const fi_info& info, bool dmabuf) {
+  const std::string provider = info.fabric_attr->prov_name;
+  std::string how = "the provider reads and writes GPU memory (FI_HMEM_CUDA" +
+                    std::string(dmabuf ? ", dmabuf)" : ")");
+#ifdef FI_OPT_CUDA_API_PERMITTED
+  fid_ep* ep = nullptr;
+  if (fi_endpoint(domain, const_cast<fi_info*>(&info), &ep, nullptr) != 0) return how;
+  bool permitted = false;
+  const int rc = fi_setopt(&ep->fid, FI_OPT_ENDPOINT, FI_OPT_CUDA_API_PERMITTED, &permitted,
+                           sizeof(permitted));
+  fi_close(&ep->fid);
+  if (rc == 0) return "GPUDirect RDMA: the NIC reads and writes GPU memory itself";
+  if (rc == -FI_EOPNOTSUPP) {
+    if (provider == "shm") return "CUDA IPC: shm copies GPU to GPU with the CUDA API";
+    return provider +
+           " copies GPU memory through host memory with the CUDA API: no GPUDirect RDMA here, "
+           "a slow path";
+  }
+#else
+  (void)domain;
+#endif
+  return how;
+}
+
+MemoryPath ChooseMemoryPath(fid_domain* domain, const fi_info& info, MemoryKind memory,
+                            GpuPathMode mode, const std::string& no_hmem) {
+  if (memory != MemoryKind::kCuda) return {PageBuffer::Path::kHost, ""};
+  if (mode == GpuPathMode::kStaged) return {PageBuffer::Path::kGpuStaged, "--gpu-path staged"};
+  std::string why = no_hmem;
+  bool dmabuf = false;
+  if (why.empty()) {
+    CudaBuffer probe(1 << 20, 0);
+    try {
+      RegisterMemory(domain, info, probe.data(), probe.size(), FI_REMOTE_WRITE | FI_WRITE, &probe,
+                     &dmabuf);
+    } catch (const Error& e) {
+      why = std::string(info.fabric_attr->prov_name) + " does not register GPU memory: " + e.what();
+    }
+  }
+  if (why.empty()) return {PageBuffer::Path::kGpuDirect, HowDirect(domain, info, dmabuf)};
+  if (mode == GpuPathMode::kDirect) throw HardwareAbsent("--gpu-path direct: " + why);
+  return {PageBuffer::Path::kGpuStaged, why};
+}
+
+std::string DescribeMemoryPath(const MemoryPath& p) {
+  switch (p.path) {
+    case PageBuffer::Path::kHost:
+      return "host memory";
+    case PageBuffer::Path::kGpuDirect:
+      return "GPU memory, direct (" + p.why + ")";
+    default:
+      return "GPU memory, staged through pinned host memory (" + p.why + ")";
+  }
+}
+
+const char* MemoryWord(const MemoryPath& p) {
+  switch (p.path) {
+    case PageBuffer::Path::kHost:
+      return "host";
+    case PageBuffer::Path::kGpuDirect:
+      return "cuda-direct";
+    default:
+      return "cuda-staged";
+  }
+}
+
+}  // namespace common

@@ -1,0 +1,59 @@
+// Memory registration from stage 03 on, where it stops changing (03's README walks through it):
+// host memory, or GPU memory handed to the provider with its interface and device
+// (FI_HMEM_CUDA), as a dmabuf where it can take one; and the choice, said out loud, between
+// handing GPU memory to the provider (direct) and staging it through pinned host memory.
+#pragma once
+
+#include <rdma/fabric.h>
+#include <rdma/fi_domain.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "cuda_memory.hpp"
+#include "fabric_handles.hpp"
+#include "options.hpp"
+#include "page_buffer.hpp"
+
+namespace common {
+
+// A key nobody can guess, of `key_size` bytes (the domain's mr_key_size). Where the provider
+// lets the program choose keys (no FI_MR_PROV_KEY: tcp, shm), keys 1, 2, 3... would let any
+// process that knows an endpoint's address write into its regions.
+uint64_t RandomKey(size_t key_size);
+
+// Registers `size` bytes at `data` for `access` (FI_REMOTE_WRITE, FI_WRITE, FI_SEND, ...).
+// GPU memory (`gpu` set): FI_HMEM_CUDA with its device and FI_HMEM_DEVICE_ONLY (cudaMalloc'd
+// device memory; with it shm moves pages by CUDA IPC instead of host bounce buffers), as a
+// dmabuf where the headers (libfabric >= 1.20), the API version and the driver offer one.
+// `dmabuf`, when given, says whether it was one. Throws Error with libfabric's reason.
+MrPtr RegisterMemory(fid_domain* domain, const fi_info& info, void* data, size_t size,
+                     uint64_t access, const CudaBuffer* gpu = nullptr, bool* dmabuf = nullptr);
+
+// A PageBuffer's memory as the NIC sees it (its GPU memory on the direct path, else host or
+// pinned memory), registered as above.
+MrPtr RegisterPages(fid_domain* domain, const fi_info& info, const PageBuffer& pages,
+                    uint64_t access);
+
+// Where this side's pages live and how they reach the NIC, and why: the header line and the
+// JSON say both, so a slow path is never silent.
+struct MemoryPath {
+  PageBuffer::Path path = PageBuffer::Path::kHost;
+  std::string why;  // direct: how the provider moves GPU memory; staged: why it does not
+};
+
+// --memory and --gpu-path decide. With GPU memory and --gpu-path auto or direct, the provider
+// is asked (a 1 MiB GPU buffer registered on `domain`) whether it takes GPU memory; `no_hmem`
+// is why FI_HMEM was left out of the hints, if it was. --gpu-path direct where the provider
+// cannot: HardwareAbsent (exit 77) with the provider's own reason.
+MemoryPath ChooseMemoryPath(fid_domain* domain, const fi_info& info, MemoryKind memory,
+                            GpuPathMode mode, const std::string& no_hmem);
+
+// "host memory", "GPU memory, direct (...)", "GPU memory, staged through pinned host memory
+// (...)": the header line's words.
+std::string DescribeMemoryPath(const MemoryPath& path);
+// One word for the JSON summary: host, cuda-direct or cuda-staged.
+const char* MemoryWord(const MemoryPath& path);
+
+}  // namespace common

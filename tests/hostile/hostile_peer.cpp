@@ -1,0 +1,472 @@
+// hostile_peer: a misbehaving client, for the tests. It speaks the wire protocol of stages 03
+// on with libfabric directly and does, on purpose, what a careless or malicious process on
+// the network could: oversized and malformed messages, CONNECTs that name addresses where
+// nothing listens, floods of clients, huge or endless requests, leaving mid-request, never
+// reading its completions, writing into another client's region with guessed keys.
+//
+//   hostile_peer [-p PROVIDER] [--domain D] ADDRESS CASE [--count N] [--victim FILE]
+//
+// Every loop it runs is bounded (--seconds, default 10). It prints one line per thing it did
+// ("sent ...", "refused: ...", "wrote N of M") and exits 0 when it could do its part, 1 when
+// it could not (which the tests read as the attack not even starting), 2 on bad usage.
+#include <rdma/fabric.h>
+#include <rdma/fi_cm.h>
+#include <rdma/fi_domain.h>
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_errno.h>
+#include <rdma/fi_rma.h>
+
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "address.hpp"
+#include "completion.hpp"
+#include "error.hpp"
+#include "fabric_handles.hpp"
+#include "host_buffer.hpp"
+#include "options.hpp"
+#include "program.hpp"
+#include "protocol.hpp"
+#include "provider.hpp"
+
+using namespace common;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+constexpr size_t kBig = 1 << 20;  // an oversized message: 16 times the receive buffers
+
+struct Peer {
+  FiInfoPtr info;
+  FabricPtr fabric;
+  DomainPtr domain;
+  CqPtr cq;
+  AvPtr av;
+  EpPtr ep;
+  HostBuffer buffer{2 * kBig};
+  MrPtr mr;
+  fi_addr_t server = FI_ADDR_UNSPEC;
+  HostBuffer region;  // where the server's WRITEs land, when it advertises a real one
+  MrPtr region_mr;
+  wire::RemoteRegion advertised{};
+  std::vector<fi_context2> contexts = std::vector<fi_context2>(64);
+  size_t sends = 0, errors = 0, received = 0;
+  std::string last_error, last_text;
+
+  std::vector<uint8_t> Address() const {
+    size_t length = 256;
+    std::vector<uint8_t> a(length);
+    FI_CHECK(fi_getname(&ep->fid, a.data(), &length));
+    a.resize(length);
+    return a;
+  }
+};
+
+std::unique_ptr<Peer> Open(const Options& options, std::span<const uint8_t> server, bool receive) {
+  auto p = std::make_unique<Peer>();
+  FiInfoPtr hints(fi_allocinfo());
+  hints->ep_attr->type = FI_EP_RDM;
+  hints->caps = FI_MSG | FI_RMA | FI_SOURCE;
+  hints->mode = FI_CONTEXT | FI_CONTEXT2;
+  hints->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY;
+  p->info = SelectProvider(*hints, options, server);
+  fid_fabric* fabric = nullptr;
+  FI_CHECK(fi_fabric(p->info->fabric_attr, &fabric, nullptr));
+  p->fabric.reset(fabric);
+  fid_domain* domain = nullptr;
+  FI_CHECK(fi_domain(p->fabric.get(), p->info.get(), &domain, nullptr));
+  p->domain.reset(domain);
+  fi_cq_attr cq_attr{};
+  cq_attr.format = FI_CQ_FORMAT_DATA;
+  fid_cq* cq = nullptr;
+  FI_CHECK(fi_cq_open(p->domain.get(), &cq_attr, &cq, nullptr));
+  p->cq.reset(cq);
+  fi_av_attr av_attr{};
+  av_attr.type = FI_AV_TABLE;
+  fid_av* av = nullptr;
+  FI_CHECK(fi_av_open(p->domain.get(), &av_attr, &av, nullptr));
+  p->av.reset(av);
+  fid_ep* ep = nullptr;
+  FI_CHECK(fi_endpoint(p->domain.get(), p->info.get(), &ep, nullptr));
+  p->ep.reset(ep);
+  FI_CHECK(fi_ep_bind(p->ep.get(), &p->cq->fid, FI_TRANSMIT | FI_RECV));
+  FI_CHECK(fi_ep_bind(p->ep.get(), &p->av->fid, 0));
+  FI_CHECK(fi_enable(p->ep.get()));
+  fid_mr* mr = nullptr;
+  FI_CHECK(fi_mr_reg(p->domain.get(), p->buffer.data(), p->buffer.size(),
+                     FI_SEND | FI_RECV | FI_WRITE | FI_REMOTE_WRITE, 0, 1, 0, &mr, nullptr));
+  p->mr.reset(mr);
+  if (fi_av_insert(p->av.get(), server.data(), 1, &p->server, 0, nullptr) != 1)
+    throw Error("fi_av_insert: the server's address was not accepted");
+  if (receive)  // a receive for the server's answers (ACCEPT, ERROR), in the second half
+    FI_CHECK(fi_recv(p->ep.get(), p->buffer.data() + kBig, wire::kMaxMessageBytes,
+                     fi_mr_desc(p->mr.get()), FI_ADDR_UNSPEC, &p->contexts[0]));
+  return p;
+}
+
+void Poll(Peer& p) {
+  ReadCompletions(
+      p.cq.get(), true,
+      [&](const fi_cq_data_entry& e, fi_addr_t) {
+        if (e.op_context == &p.contexts[0]) {
+          ++p.received;
+          try {
+            auto m = wire::Decode({p.buffer.data() + kBig, e.len});
+            if (auto* err = std::get_if<wire::ErrorReply>(&m)) p.last_text = err->text;
+            if (std::holds_alternative<wire::Accept>(m)) p.last_text = "ACCEPT";
+          } catch (const Error&) {
+          }
+          fi_recv(p.ep.get(), p.buffer.data() + kBig, wire::kMaxMessageBytes,
+                  fi_mr_desc(p.mr.get()), FI_ADDR_UNSPEC, &p.contexts[0]);
+        } else {
+          ++p.sends;
+        }
+      },
+      [&](const CompletionError& e) {
+        ++p.errors;
+        p.last_error = e.text;
+      });
+}
+
+// Posts one SEND of `bytes` (copied into the first half of the buffer), retrying while the
+// provider pushes back, until `deadline`. True when it was posted.
+bool Send(Peer& p, std::span<const uint8_t> bytes, Clock::time_point deadline) {
+  // A slot of its own for each message in flight (16 of 64 KiB), or an oversized one alone:
+  // a provider may still read an earlier message from its buffer.
+  static size_t next = 0;
+  const size_t slot = bytes.size() > wire::kMaxMessageBytes ? 0 : (next++ % 16);
+  uint8_t* at = p.buffer.data() + slot * wire::kMaxMessageBytes;
+  std::memcpy(at, bytes.data(), bytes.size());
+  while (Clock::now() < deadline) {
+    ssize_t rc = fi_send(p.ep.get(), at, bytes.size(), fi_mr_desc(p.mr.get()), p.server,
+                         &p.contexts[1 + p.sends % 60]);
+    if (rc == 0) return true;
+    if (rc != -FI_EAGAIN) {
+      p.last_error = fi_strerror(static_cast<int>(-rc));
+      return false;
+    }
+    Poll(p);
+  }
+  return false;
+}
+
+bool SendMessage(Peer& p, const wire::Message& m, Clock::time_point deadline) {
+  return Send(p, wire::Encode(m), deadline);
+}
+
+// Polls until `done()` or the deadline.
+template <typename Done>
+bool WaitFor(Peer& p, Done done, Clock::time_point deadline) {
+  while (Clock::now() < deadline) {
+    Poll(p);
+    if (done()) return true;
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  return false;
+}
+
+// A CONNECT for `p`: its own address on one lane, a region it advertises (of `region` bytes
+// at address 0 with key 1; nothing is registered there: the server must never write).
+// Registers `bytes` of memory for the server's WRITEs and advertises it, as a client does.
+void RegisterRegion(Peer& p, size_t bytes) {
+  p.region = HostBuffer(bytes);
+  fid_mr* mr = nullptr;
+  FI_CHECK(
+      fi_mr_reg(p.domain.get(), p.region.data(), bytes, FI_REMOTE_WRITE, 0, 77, 0, &mr, nullptr));
+  p.region_mr.reset(mr);
+  const bool virt = p.info->domain_attr->mr_mode & FI_MR_VIRT_ADDR;
+  p.advertised = {virt ? reinterpret_cast<uint64_t>(p.region.data()) : 0, bytes,
+                  fi_mr_key(p.region_mr.get())};
+}
+
+// `memory`: the source memory per lane it asks 07's server to hold for it. Without a region
+// of its own registered, it advertises `region` bytes at address 0 with key 1, where nothing
+// of its is: the server's WRITEs there fail.
+wire::Connect ConnectOf(const Peer& p, uint64_t region, std::vector<uint8_t> address = {},
+                        uint64_t memory = 1 << 20) {
+  wire::Connect c;
+  const wire::RemoteRegion where = p.region_mr ? p.advertised : wire::RemoteRegion{0, region, 1};
+  c.lanes.push_back({address.empty() ? p.Address() : address, where});
+  c.engine = {wire::kEngineFlags, 1, 1, 64, 1, 0, memory};
+  return c;
+}
+
+wire::Transfer TransferOf(uint32_t id, uint32_t pages, uint64_t page_size, uint64_t repeat) {
+  wire::Transfer t;
+  t.request_id = id;
+  t.seed = 7;
+  t.page_size = page_size;
+  t.repeat = repeat;
+  for (uint32_t i = 0; i < pages; ++i) t.pages.push_back(i);
+  return t;
+}
+
+// The malformed messages: each breaks one rule of the protocol (docs/wire-protocol.md).
+std::vector<std::pair<std::string, std::vector<uint8_t>>> Malformed(const Peer& p) {
+  std::vector<std::pair<std::string, std::vector<uint8_t>>> all;
+  auto with = [&](const std::string& name, std::vector<uint8_t> bytes, size_t at, auto value) {
+    std::memcpy(bytes.data() + at, &value, sizeof(value));
+    all.emplace_back(name, std::move(bytes));
+  };
+  const auto connect = wire::Encode(ConnectOf(p, 1 << 20));
+  const auto transfer = wire::Encode(TransferOf(1, 4, 4096, 1));
+  const auto bye = wire::Encode(wire::Bye{});
+  all.emplace_back("empty", std::vector<uint8_t>{});
+  all.emplace_back("one byte", std::vector<uint8_t>{1});
+  all.emplace_back("header cut short", std::vector<uint8_t>(connect.begin(), connect.begin() + 10));
+  with("wrong magic", connect, 0, uint32_t{0xdeadbeef});
+  with("wrong version", connect, 4, uint16_t{99});
+  with("unknown type", bye, 6, uint16_t{77});
+  with("length too long", connect, 8, uint32_t{100000});
+  with("length too short", connect, 8, uint32_t{16});
+  with("zero lanes", connect, 16, uint32_t{0});
+  with("too many lanes", connect, 16, uint32_t{1000});
+  with("zero address length", connect, 20, uint32_t{0});
+  with("huge address length", connect, 20, uint32_t{1u << 30});
+  all.emplace_back("connect cut short", std::vector<uint8_t>(connect.begin(), connect.end() - 8));
+  {
+    auto b = connect;
+    b.push_back(0);
+    uint32_t n = static_cast<uint32_t>(b.size());
+    std::memcpy(b.data() + 8, &n, 4);
+    all.emplace_back("trailing byte", b);
+  }
+  with("zero page count", transfer, 20, uint32_t{0});
+  with("too many pages", transfer, 20, uint32_t{1u << 30});
+  with("page size zero", transfer, 32, uint64_t{0});
+  with("page size huge", transfer, 32, uint64_t{1ull << 40});
+  with("repeat zero", transfer, 40, uint64_t{0});
+  with("repeat huge", transfer, 40, uint64_t{1ull << 60});
+  with("page outside region", transfer, 48, uint32_t{0xffffffff});
+  all.emplace_back("transfer cut short",
+                   std::vector<uint8_t>(transfer.begin(), transfer.end() - 3));
+  all.emplace_back("accept from a client", wire::Encode(wire::Accept{}));
+  all.emplace_back("error from a client", wire::Encode(wire::ErrorReply{1, "boo"}));
+  return all;
+}
+
+// Leaves as a misbehaving peer does: at once, closing nothing (its endpoints may have
+// operations in flight, which some providers do not close cleanly).
+[[noreturn]] void Leave(int rc) {
+  std::fflush(stdout);
+  RemoveShmRegionsOf(getpid());
+  _exit(rc);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options options;
+  std::string what;
+  uint64_t count = 1;
+  double seconds = 10;
+  std::string victim;
+  CLI::App app{"A misbehaving client for the tests (see the header of hostile_peer.cpp)",
+               "hostile_peer"};
+  AddOptions(app, options, kServeOptions);
+  app.add_option("case", what, "What to do")->required();
+  app.add_option("--count", count, "How many times (clients, messages, WRITEs)");
+  app.add_option("--seconds", seconds, "Bound of every loop");
+  app.add_option("--victim", victim, "stranger-write: a file with the victim's lane addresses");
+  if (int rc = ParseCommandLine(app, argc, argv); rc >= 0) return rc;
+  return RunProgram("hostile_peer", [&]() -> int {
+    setvbuf(stdout, nullptr, _IOLBF, 0);
+    const std::vector<uint8_t> server = FromHex(options.peer);
+    const Clock::time_point deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                                          std::chrono::duration<double>(seconds));
+    const bool tcp = CanonicalProvider(options.provider).rfind("tcp", 0) == 0;
+
+    if (what == "oversize") {  // one SEND far over the receive buffers, before any CONNECT
+      auto p = Open(options, server, false);
+      std::vector<uint8_t> big(kBig, 0x5a);
+      if (!Send(*p, big, deadline)) throw Error("could not post: " + p->last_error);
+      WaitFor(
+          *p, [&] { return p->sends + p->errors > 0; }, deadline);
+      std::printf("sent %zu bytes: %s\n", big.size(),
+                  p->errors  ? p->last_error.c_str()
+                  : p->sends ? "completed"
+                             : "no completion");
+      Leave(0);
+    }
+    if (what == "connect-nowhere" || what == "connect-fake-shm") {
+      // A CONNECT whose lane 0 names an address where nothing listens: the server's answer
+      // can never be delivered.
+      auto p = Open(options, server, true);
+      std::vector<uint8_t> address;
+      if (what == "connect-fake-shm") {
+        const std::string name = "fi_shm://fake0";
+        address.assign(name.begin(), name.end());
+        address.push_back(0);
+      } else if (tcp) {
+        address = p->Address();   // a sockaddr_in: keep the family, point it at port 40000 of
+        address[2] = 40000 >> 8;  // this host, where nothing listens
+        address[3] = 40000 & 0xff;
+      } else {
+        const std::string name = "fi_shm://nobody-" + std::to_string(getpid());
+        address.assign(name.begin(), name.end());
+        address.push_back(0);
+      }
+      for (uint64_t i = 0; i < count; ++i)
+        if (!SendMessage(*p, ConnectOf(*p, 1 << 20, address), deadline))
+          throw Error("could not send CONNECT: " + p->last_error);
+      WaitFor(
+          *p, [&] { return p->sends >= count; }, deadline);
+      std::printf("sent %llu CONNECTs naming %s\n", static_cast<unsigned long long>(count),
+                  ToHex(address).c_str());
+      Leave(0);
+    }
+    if (what == "deaf") {
+      // Connects, then never posts a receive again and never reads a completion, while
+      // asking for pages outside its region: every answer the server sends finds no buffer.
+      auto p = Open(options, server, true);
+      if (!SendMessage(*p, ConnectOf(*p, 4096), deadline)) throw Error(p->last_error);
+      if (!WaitFor(
+              *p, [&] { return p->received > 0; }, deadline))
+        throw Error("no ACCEPT from the server");
+      uint64_t sent = 0;
+      for (; sent < count && Clock::now() < deadline; ++sent) {
+        auto bytes = wire::Encode(TransferOf(static_cast<uint32_t>(sent + 1), 4, 1 << 20, 1));
+        std::memcpy(p->buffer.data(), bytes.data(), bytes.size());
+        ssize_t rc = -FI_EAGAIN;
+        while (rc == -FI_EAGAIN && Clock::now() < deadline)
+          rc = fi_send(p->ep.get(), p->buffer.data(), bytes.size(), fi_mr_desc(p->mr.get()),
+                       p->server, &p->contexts[1 + sent % 60]);
+        if (rc != 0) break;
+      }
+      std::printf("sent %llu refused TRANSFERs without reading a completion\n",
+                  static_cast<unsigned long long>(sent));
+      std::this_thread::sleep_for(std::chrono::duration<double>(std::min(seconds, 1.0)));
+      Leave(0);
+    }
+    if (what == "flood") {  // --count clients connect and stay, from endpoints of their own
+      std::vector<std::unique_ptr<Peer>> peers;
+      size_t accepted = 0, refused = 0;
+      for (uint64_t i = 0; i < count && Clock::now() < deadline; ++i) {
+        peers.push_back(Open(options, server, true));
+        SendMessage(*peers.back(), ConnectOf(*peers.back(), 1 << 20), deadline);
+      }
+      for (auto& p : peers) {
+        WaitFor(
+            *p, [&] { return p->received > 0; }, deadline);
+        if (p->last_text == "ACCEPT")
+          ++accepted;
+        else if (!p->last_text.empty())
+          ++refused;
+      }
+      std::printf("flood: %zu clients, %zu accepted, %zu refused%s%s\n", peers.size(), accepted,
+                  refused, refused ? ": " : "", refused ? peers.back()->last_text.c_str() : "");
+      std::fflush(stdout);
+      std::this_thread::sleep_for(std::chrono::duration<double>(std::min(seconds, 2.0)));
+      Leave(0);
+    }
+    if (what == "big-requests" || what == "repeat-bye" || what == "transfer-bye" ||
+        what == "silent" || what == "many-requests") {
+      auto p = Open(options, server, true);
+      const bool big = what == "big-requests";
+      const uint64_t region = big ? (4ull << 30) : (64ull << 20);
+      if (!big) RegisterRegion(*p, region);  // a real one: its WRITEs land and complete
+      if (!SendMessage(*p, ConnectOf(*p, region, {}, big ? (3ull << 30) : (1 << 20)), deadline))
+        throw Error(p->last_error);
+      if (!WaitFor(
+              *p, [&] { return p->received > 0; }, deadline))
+        throw Error("no answer to CONNECT from the server");
+      if (p->last_text != "ACCEPT") {  // 07 weighs the memory asked for at CONNECT
+        std::printf("%s: refused at CONNECT: %s\n", what.c_str(), p->last_text.c_str());
+        Leave(0);
+      }
+      std::vector<wire::Transfer> requests;
+      if (what == "big-requests")  // three requests of 1 GiB: 8192 pages of 128 KiB
+        for (uint32_t i = 1; i <= 3; ++i) requests.push_back(TransferOf(i, 8192, 128 << 10, 1));
+      if (what == "repeat-bye") requests.push_back(TransferOf(1, 64, 4096, wire::kMaxRepeat));
+      if (what == "transfer-bye") requests.push_back(TransferOf(1, 1024, 64 << 10, 64));
+      if (what == "many-requests")
+        for (uint32_t i = 1; i <= count; ++i) requests.push_back(TransferOf(i, 4, 4096, 1000));
+      for (const auto& r : requests)
+        if (!SendMessage(*p, r, deadline)) throw Error(p->last_error);
+      // The server WRITEs into an address nothing of ours is registered at, with a key we did
+      // not give out: those fail on its side. What we receive are its refusals, if any.
+      if (what == "big-requests" || what == "many-requests")
+        WaitFor(
+            *p, [&] { return false; }, Clock::now() + std::chrono::seconds(1));
+      if (what != "silent" && !SendMessage(*p, wire::Bye{}, deadline)) throw Error(p->last_error);
+      WaitFor(
+          *p, [&] { return false; }, Clock::now() + std::chrono::milliseconds(300));
+      std::printf("%s: sent %zu requests%s; server said: %s\n", what.c_str(), requests.size(),
+                  what == "silent" ? ", then nothing" : " and BYE",
+                  p->last_text.empty() ? "(nothing)" : p->last_text.c_str());
+      if (what == "silent") std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+      Leave(0);
+    }
+    if (what == "malformed") {  // every malformed message, then a good CONNECT and its own
+      auto p = Open(options, server, true);
+      size_t sent = 0;
+      for (auto& [name, bytes] : Malformed(*p)) {
+        if (Send(*p, bytes, deadline)) ++sent;
+        WaitFor(
+            *p, [&] { return false; }, Clock::now() + std::chrono::milliseconds(20));
+      }
+      // The same breakages from a connected client, which the server answers with ERROR.
+      if (!SendMessage(*p, ConnectOf(*p, 1 << 20), deadline)) throw Error(p->last_error);
+      WaitFor(
+          *p, [&] { return p->received > 0; }, deadline);
+      const size_t before = p->received;
+      for (auto& [name, bytes] : Malformed(*p)) {
+        if (Send(*p, bytes, deadline)) ++sent;
+        WaitFor(
+            *p, [&] { return false; }, Clock::now() + std::chrono::milliseconds(20));
+      }
+      WaitFor(
+          *p, [&] { return false; }, Clock::now() + std::chrono::milliseconds(500));
+      if (!SendMessage(*p, wire::Bye{}, deadline)) throw Error(p->last_error);
+      std::printf("malformed: sent %zu messages (%zu kinds, twice), %zu answers\n", sent,
+                  Malformed(*p).size(), p->received - before);
+      Leave(0);
+    }
+    if (what == "stranger-write") {
+      // WRITEs into a victim's region from a process it never heard of, trying the keys a
+      // program that numbers its registrations would give out (0, 1, 2...) at offset 0 and at
+      // the second page. Each key from an endpoint of its own: a provider may close a
+      // connection over a bad key, and the next key must still get its chance. The provider
+      // enforces keys: with keys nobody can guess, none lands.
+      auto addresses = ReadAddressList(victim);
+      uint64_t tried = 0, done = 0, refused = 0;
+      std::string last;
+      for (uint64_t key = 0; key < count && Clock::now() < deadline; ++key) {
+        auto p = Open(options, server, false);
+        fi_addr_t target = FI_ADDR_UNSPEC;
+        if (fi_av_insert(p->av.get(), addresses[0].data(), 1, &target, 0, nullptr) != 1)
+          throw Error("victim address not accepted");
+        uint64_t posted = 0;
+        for (uint64_t offset : {uint64_t{0}, uint64_t{4096}}) {
+          ssize_t rc = -FI_EAGAIN;
+          while (rc == -FI_EAGAIN && Clock::now() < deadline) {
+            rc = fi_writedata(p->ep.get(), p->buffer.data(), 4096, fi_mr_desc(p->mr.get()), 1,
+                              target, offset, key, &p->contexts[1 + posted]);
+            if (rc == -FI_EAGAIN) Poll(*p);
+          }
+          if (rc == 0) ++posted;
+        }
+        WaitFor(
+            *p, [&] { return p->sends + p->errors >= posted; },
+            std::min(deadline, Clock::now() + std::chrono::seconds(2)));
+        tried += posted;
+        done += p->sends;
+        refused += p->errors;
+        if (!p->last_error.empty()) last = p->last_error;
+      }
+      std::printf("stranger-write: %llu WRITEs tried, %llu done at our end, %llu refused%s%s\n",
+                  static_cast<unsigned long long>(tried), static_cast<unsigned long long>(done),
+                  static_cast<unsigned long long>(refused), last.empty() ? "" : ": ", last.c_str());
+      Leave(0);
+    }
+    throw UsageError("unknown case '" + what + "'");
+  });
+}

@@ -1,0 +1,93 @@
+// Provider choice as pure functions over fi_info lists built by hand: the API version, the
+// fabric of efa (efa, not the efa-direct it lists first), the immediate data a provider
+// carries. No provider is loaded here; the lists say what a p5's libfabric 2.x answers.
+#include <gtest/gtest.h>
+
+#include <rdma/fabric.h>
+
+#include <cstring>
+
+#include "fabric_handles.hpp"
+#include "provider.hpp"
+
+using namespace common;
+
+namespace {
+
+// An entry as fi_getinfo returns it, with what selection reads.
+fi_info* Entry(const char* provider, const char* fabric, const char* domain, size_t cq_data) {
+  fi_info* i = fi_allocinfo();
+  i->fabric_attr->prov_name = strdup(provider);
+  i->fabric_attr->name = strdup(fabric);
+  i->domain_attr->name = strdup(domain);
+  i->domain_attr->cq_data_size = cq_data;
+  return i;
+}
+
+// A list in libfabric's order; freed with its head.
+FiInfoPtr List(std::initializer_list<fi_info*> entries) {
+  fi_info* head = nullptr;
+  fi_info** tail = &head;
+  for (fi_info* e : entries) {
+    *tail = e;
+    tail = &e->next;
+  }
+  return FiInfoPtr(head);
+}
+
+std::vector<std::string> Fabrics(const std::vector<const fi_info*>& entries) {
+  std::vector<std::string> names;
+  for (const fi_info* e : entries)
+    names.push_back(std::string(e->fabric_attr->name) + "/" + e->domain_attr->name);
+  return names;
+}
+
+}  // namespace
+
+TEST(Provider, ApiVersionIsTheHeaders) {
+  EXPECT_EQ(ApiVersion(), FI_VERSION(FI_MAJOR_VERSION, FI_MINOR_VERSION));
+  EXPECT_GE(ApiVersion(), FI_VERSION(1, 17));
+  EXPECT_EQ(VersionText(FI_VERSION(2, 6)), "2.6");
+  EXPECT_EQ(VersionText(FI_VERSION(1, 17)), "1.17");
+  // A library older than the headers cannot serve the program; newer or equal can.
+  EXPECT_EQ(LibraryProblem(FI_VERSION(2, 6), FI_VERSION(1, 17)), "");
+  EXPECT_EQ(LibraryProblem(FI_VERSION(1, 17), FI_VERSION(1, 17)), "");
+  EXPECT_EQ(LibraryProblem(FI_VERSION(1, 17), FI_VERSION(2, 6)),
+            "this program was built with libfabric 2.6 headers but the loader found libfabric "
+            "1.17 (LD_LIBRARY_PATH, or rebuild against it)");
+}
+
+// libfabric 2.x lists efa-direct before efa for each NIC (prov/efa/src/efa_prov.c): taking
+// the first entry would pick efa-direct by accident.
+TEST(Provider, EfaMeansTheEfaFabricUnlessAskedOtherwise) {
+  FiInfoPtr list = List(
+      {Entry("efa", "efa-direct", "rdmap79s0-rdm", 4), Entry("efa", "efa", "rdmap79s0-rdm", 4),
+       Entry("efa", "efa-direct", "rdmap80s0-rdm", 4), Entry("efa", "efa", "rdmap80s0-rdm", 4)});
+  EXPECT_EQ(Fabrics(EntriesOfFabric(list.get(), "")),
+            (std::vector<std::string>{"efa/rdmap79s0-rdm", "efa/rdmap80s0-rdm"}));
+  EXPECT_EQ(Fabrics(EntriesOfFabric(list.get(), "efa-direct")),
+            (std::vector<std::string>{"efa-direct/rdmap79s0-rdm", "efa-direct/rdmap80s0-rdm"}));
+  EXPECT_TRUE(EntriesOfFabric(list.get(), "efa-dirct").empty());
+}
+
+TEST(Provider, OtherProvidersKeepEveryFabric) {
+  FiInfoPtr tcp = List({Entry("tcp;ofi_rxm", "127.0.0.1/32", "lo", 8),
+                        Entry("tcp;ofi_rxm", "198.18.0.0/24", "mca0", 8)});
+  EXPECT_EQ(EntriesOfFabric(tcp.get(), "").size(), 2u);
+  EXPECT_EQ(Fabrics(EntriesOfFabric(tcp.get(), "198.18.0.0/24")),
+            (std::vector<std::string>{"198.18.0.0/24/mca0"}));
+  FiInfoPtr shm = List({Entry("shm", "shm", "shm", 8)});
+  EXPECT_EQ(EntriesOfFabric(shm.get(), "").size(), 1u);
+}
+
+// Each WRITE names its request in 4 bytes of immediate data: efa has exactly 4, tcp and shm 8.
+TEST(Provider, ImmediateDataMustHoldARequestId) {
+  FiInfoPtr efa = List({Entry("efa", "efa", "rdmap79s0-rdm", 4)});
+  FiInfoPtr shm = List({Entry("shm", "shm", "shm", 8)});
+  FiInfoPtr small = List({Entry("someprov", "f", "d", 2)});
+  EXPECT_EQ(ImmediateDataProblem(*efa), "");
+  EXPECT_EQ(ImmediateDataProblem(*shm), "");
+  EXPECT_EQ(ImmediateDataProblem(*small),
+            "provider someprov carries 2 bytes of immediate data (cq_data_size), but each WRITE "
+            "names its request in 4");
+}
