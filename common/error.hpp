@@ -6,7 +6,7 @@
 
 namespace common {
 
-// Exit codes of every program (DESIGN.md, "Programs").
+// Exit codes of every program (docs/architecture.md, "Programs").
 inline constexpr int kExitOk = 0;
 inline constexpr int kExitFailure = 1;      // runtime failure: peer error, wrong data
 inline constexpr int kExitUsage = 2;        // bad usage or bad input

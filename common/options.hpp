@@ -1,5 +1,5 @@
-// Command-line options shared by every stage (DESIGN.md, "Programs: the command-line
-// contract"), parsed with CLI11. A stage adds the groups it uses and its own switches.
+// Command-line options shared by every stage (docs/architecture.md, "Programs"), parsed with
+// CLI11. A stage adds the groups it uses and its own switches.
 #pragma once
 
 #include <CLI/CLI.hpp>

@@ -1,5 +1,5 @@
-// Memory for pages (DESIGN.md, "Memory"): host memory, or GPU memory. Where the provider can
-// register GPU memory (FI_HMEM_CUDA) the NIC reads and writes the GPU buffer itself. Where it
+// Memory for pages (docs/architecture.md, "Memory"): host memory, or GPU memory. Where the provider
+// can register GPU memory (FI_HMEM_CUDA) the NIC reads and writes the GPU buffer itself. Where it
 // cannot, a pinned host mirror is what the NIC touches, and explicit copies keep the GPU
 // buffer current, so the data still start and end in GPU memory.
 #pragma once

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Writes the hwloc XML fixtures of tests/unit/topology_test.cpp.
 
-p5.xml: an AWS p5.48xlarge as ../shared/facts/p5.md describes it: 2 packages, each one NUMA
+p5.xml: an AWS p5.48xlarge as docs/p5-facts.md describes it: 2 packages, each one NUMA
 node with 48 cores and 4 host bridges; under each, a root port leads to a PCIe switch whose
 downstream ports 01.0-01.3 hold 4 EFA NICs, 01.4 the H100 and 01.5 an NVMe drive.
 
@@ -102,7 +102,7 @@ def machine(packages, cpus, nodes):
 
 def p5():
     gp[0] = 0
-    # (root bus, GPU bus, first NIC bus) per GPU, from ../shared/facts/p5.md
+    # (root bus, GPU bus, first NIC bus) per GPU, from docs/p5-facts.md
     gpus = [(0x44, 0x53, 0x4f), (0x55, 0x64, 0x60), (0x66, 0x75, 0x71), (0x77, 0x86, 0x82),
             (0x88, 0x97, 0x93), (0x99, 0xa8, 0xa4), (0xaa, 0xb9, 0xb5), (0xbb, 0xca, 0xc6)]
     packages = []

@@ -34,7 +34,7 @@ TEST(FormatCpuList, Ranges) {
   EXPECT_EQ(FormatCpuList({}), "none");
 }
 
-// The published p5 table (../shared/facts/p5.md): 8 groups, each with its GPU, the 4 EFA
+// The published p5 table (docs/p5-facts.md): 8 groups, each with its GPU, the 4 EFA
 // NICs under its switch, its NUMA node and 12 cores.
 TEST(GroupDevices, P5MatchesThePublishedTable) {
   const Topology topology = Topology::FromXml(Fixture("p5.xml"));
