@@ -244,13 +244,9 @@ std::unique_ptr<Request> PrepareRequest(Network& net, const Client& client, fi_a
   r->client = dest;
   r->region = client.region;
   r->transfer = std::move(transfer);
-  r->source = PageBuffer(count * page_size, net.memory.path);
-  HostBuffer page(page_size);
-  for (size_t i = 0; i < count; ++i) {
-    FillPage({page.data(), page_size}, r->transfer.seed, r->transfer.pages[i]);
-    r->source.Write(i * page_size, {page.data(), page_size});
-  }
-  r->source.SyncToNic();
+  r->source = PageBuffer(count * page_size, net.memory.path, 0, Pages::kSmall);  // for one request
+  HostBuffer staging;  // GPU memory is filled here first
+  FillPages(r->source, 0, r->transfer.seed, r->transfer.pages, page_size, staging);
   r->mr = RegisterPages(net.domain.get(), *net.info, r->source, FI_WRITE);
   r->writes.resize(count);
   for (size_t i = 0; i < count; ++i) {

@@ -245,14 +245,10 @@ std::unique_ptr<Request> PrepareRequest(Network& net, const Client& client, fi_a
   r->client = dest;
   r->region = client.region;
   r->transfer = std::move(transfer);
-  r->source = PageBuffer(count * page_size, net.memory.path);
+  r->source = PageBuffer(count * page_size, net.memory.path, 0, Pages::kSmall);  // for one request
   r->total = total;
-  HostBuffer page(page_size);
-  for (size_t i = 0; i < count; ++i) {
-    FillPage({page.data(), page_size}, r->transfer.seed, r->transfer.pages[i]);
-    r->source.Write(i * page_size, {page.data(), page_size});
-  }
-  r->source.SyncToNic();
+  HostBuffer staging;  // GPU memory is filled here first
+  FillPages(r->source, 0, r->transfer.seed, r->transfer.pages, page_size, staging);
   r->mr = RegisterPages(net.domain.get(), *net.info, r->source, FI_WRITE);
   return r;
 }
@@ -441,7 +437,8 @@ int ServerMain(const Options& options) {
       return true;
     });
     PostWrites(net, active, free_writes, progress, limit);
-    while (!inbox.empty()) {
+    bool prepared = false;  // one request filled per round: its WRITEs start before the next's
+    while (!inbox.empty() && !prepared) {
       Received m = std::move(inbox.front());
       inbox.pop_front();
       const auto name = static_cast<unsigned long long>(m.source);
@@ -486,6 +483,7 @@ int ServerMain(const Options& options) {
           if (why.empty())
             active.push_back(
                 PrepareRequest(net, clients[m.source], m.source, std::move(*transfer)));
+          prepared = why.empty();
         } catch (const std::exception& e) {  // a bad request, or no memory for it
           why = e.what();
         }

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "address.hpp"
+#include "backoff.hpp"
 #include "completion.hpp"
 #include "error.hpp"
 #include "fabric_handles.hpp"
@@ -247,14 +248,10 @@ std::unique_ptr<Request> PrepareRequest(Network& net, const Client& client, fi_a
   r->client = dest;
   r->region = client.region;
   r->transfer = std::move(transfer);
-  r->source = PageBuffer(count * page_size, net.memory.path);
+  r->source = PageBuffer(count * page_size, net.memory.path, 0, Pages::kSmall);  // for one request
   r->total = total;
-  HostBuffer page(page_size);
-  for (size_t i = 0; i < count; ++i) {
-    FillPage({page.data(), page_size}, r->transfer.seed, r->transfer.pages[i]);
-    r->source.Write(i * page_size, {page.data(), page_size});
-  }
-  r->source.SyncToNic();
+  HostBuffer staging;  // GPU memory is filled here first
+  FillPages(r->source, 0, r->transfer.seed, r->transfer.pages, page_size, staging);
   r->mr = RegisterPages(net.domain.get(), *net.info, r->source, FI_WRITE);
   return r;
 }
@@ -358,9 +355,11 @@ int ServerMain(const Options& options) {
   };
   // Completions, then the messages waiting to go out; a peer that takes none is lost.
   auto progress = [&] {
-    net.PollCompletion(on_done, on_error);
+    const size_t done = net.PollCompletion(on_done, on_error);
     for (fi_addr_t peer : mail.Flush(limit)) lost.emplace(peer, "does not take our messages");
+    return done;
   };
+  IdleBackoff backoff;  // an idle loop naps, so that it never takes a core from the link
   // A client that leaves, or is dropped, stops being written to at once; it leaves our AV
   // once nothing of ours is on its way to it (removing a peer with operations in flight
   // crashes some providers), or when `limit` has passed (rxm then closes the connection, and
@@ -423,7 +422,7 @@ int ServerMain(const Options& options) {
   };
 
   while (!StopRequested() && (options.exit_after == 0 || served < options.exit_after)) {
-    progress();
+    const size_t completions = progress();
     for (const auto& [client, why] : lost) drop(client, why);
     lost.clear();
     for (auto it = active.begin(); it != active.end();) {
@@ -463,8 +462,14 @@ int ServerMain(const Options& options) {
       return true;
     });
     DrainPending(net, pending);
+    const size_t free_before = free_writes.size();
     PostWrites(net, active, free_writes, pending);
-    while (!inbox.empty()) {
+    if (completions > 0 || !inbox.empty() || free_writes.size() != free_before)
+      backoff.Busy();
+    else
+      backoff.Idle();
+    bool prepared = false;  // one request filled per round: its WRITEs start before the next's
+    while (!inbox.empty() && !prepared) {
       Received m = std::move(inbox.front());
       inbox.pop_front();
       const auto name = static_cast<unsigned long long>(m.source);
@@ -509,6 +514,7 @@ int ServerMain(const Options& options) {
           if (why.empty())
             active.push_back(
                 PrepareRequest(net, clients[m.source], m.source, std::move(*transfer)));
+          prepared = why.empty();
         } catch (const std::exception& e) {  // a bad request, or no memory for it
           why = e.what();
         }
@@ -633,8 +639,14 @@ int ClientMain(const Options& options) {
   auto on_error = [&](Op*, const CompletionError& error) {
     Abandon(kProgram, "an operation failed: " + error.text);
   };
+  IdleBackoff backoff;
   auto progress = [&] {
-    if (net.PollCompletion(on_done, on_error) > 0) last_progress = Clock::now();
+    if (net.PollCompletion(on_done, on_error) > 0) {
+      last_progress = Clock::now();
+      backoff.Busy();
+    } else {
+      backoff.Idle();
+    }
     if (!mail.Flush(limit).empty())
       Abandon(kProgram, "no answer from the server within " + std::to_string(options.timeout_s) +
                             " s: it takes none of our messages (is it running at that address?)");

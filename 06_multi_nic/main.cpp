@@ -344,14 +344,11 @@ std::unique_ptr<Request> PrepareRequest(std::vector<Network>& lanes, const Clien
   r->client = name;
   r->dest = client;
   r->transfer = std::move(transfer);
-  r->source = PageBuffer(count * page_size, lanes[0].memory.path);
+  r->source =
+      PageBuffer(count * page_size, lanes[0].memory.path, 0, Pages::kSmall);  // for one request
   r->total = total;
-  HostBuffer page(page_size);
-  for (size_t i = 0; i < count; ++i) {
-    FillPage({page.data(), page_size}, r->transfer.seed, r->transfer.pages[i]);
-    r->source.Write(i * page_size, {page.data(), page_size});
-  }
-  r->source.SyncToNic();
+  HostBuffer staging;  // GPU memory is filled here first
+  FillPages(r->source, 0, r->transfer.seed, r->transfer.pages, page_size, staging);
   for (size_t l = 0; l < r->dest.addresses.size(); ++l)
     r->mrs.push_back(RegisterPages(lanes[l].domain.get(), *lanes[l].info, r->source, FI_WRITE));
   return r;
@@ -585,7 +582,8 @@ int ServerMain(const Options& options) {
     if (wait == WaitMode::kBlock && completions == 0 && inbox.empty() &&
         free_writes.size() == free_before)
       WaitForCompletions(lanes, 100);  // nothing to do until the network answers
-    while (!inbox.empty()) {
+    bool prepared = false;  // one request filled per round: its WRITEs start before the next's
+    while (!inbox.empty() && !prepared) {
       Received m = std::move(inbox.front());
       inbox.pop_front();
       const auto name = static_cast<unsigned long long>(m.source);
@@ -639,6 +637,7 @@ int ServerMain(const Options& options) {
           if (why.empty())
             active.push_back(
                 PrepareRequest(lanes, clients[m.source], m.source, std::move(*transfer)));
+          prepared = why.empty();
         } catch (const std::exception& e) {  // a bad request, or no memory for it
           why = e.what();
         }

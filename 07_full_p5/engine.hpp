@@ -202,8 +202,11 @@ struct Worker {
   std::condition_variable inbox_ready;
   std::vector<std::unique_ptr<Share>> inbox;
   std::atomic<bool> has_inbox{false};
-  // For the control thread: when the loop last went round, and when a WRITE last completed.
-  std::atomic<Clock::rep> heartbeat{Clock::now().time_since_epoch().count()};
+  // For the control thread: how often the loop went round (a counter, not a clock: reading a
+  // clock in every round costs more than the round), and when a WRITE last completed.
+  std::atomic<uint64_t> rounds{0};
+  uint64_t rounds_seen = 0;  // the control thread's: the count it saw last, and when
+  Clock::time_point seen_at = Clock::now();
   std::atomic<Clock::rep> last_completion{Clock::now().time_since_epoch().count()};
   std::atomic<bool> exited{false};
   std::atomic<pid_t> tid{0};

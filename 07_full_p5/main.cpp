@@ -52,6 +52,9 @@ Plan FindNics(const Options& options, std::span<const uint8_t> peer, MemoryKind 
   // The memory-registration modes this program honours (efa-direct asks for all of them).
   hints->domain_attr->mr_mode =
       FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_HMEM;
+  // Every lane is a domain of its own, and one thread alone uses it: the provider need not
+  // lock anything for us.
+  hints->domain_attr->threading = FI_THREAD_DOMAIN;
   std::vector<FiInfoPtr> domains = SelectDomains(*hints, options, peer, no_hmem);
   // Loopback is a NIC only when asked for by name, or when it is the only one.
   if (options.domain.empty() && domains.size() > 1)

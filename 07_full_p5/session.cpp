@@ -91,8 +91,11 @@ service::Session::Report Session::Poll() {
   }
   const auto limit = std::chrono::duration<double>(peer_timeout_s);
   for (const auto& w : workers) {
-    const Clock::time_point beat{Clock::duration(w->heartbeat.load())};
-    if (report.failure.empty() && !w->exited && Clock::now() - beat > limit)
+    if (const uint64_t rounds = w->rounds.load(); rounds != w->rounds_seen) {
+      w->rounds_seen = rounds;
+      w->seen_at = Clock::now();
+    }
+    if (report.failure.empty() && !w->exited && Clock::now() - w->seen_at > limit)
       report.failure = "a data thread has been stuck in the provider for " +
                        std::to_string(static_cast<int>(limit.count())) + " s";
     report.last_completion = std::max(

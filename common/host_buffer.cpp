@@ -14,10 +14,8 @@ void HostBuffer::Free::operator()(uint8_t* p) const noexcept {
   std::free(p);
 }
 
-HostBuffer::HostBuffer(size_t size, size_t alignment) : size_(size) {
-  // Large buffers on transparent huge pages: fewer TLB misses for the CPU, and far fewer
-  // pages for the kernel to pin when shm copies between processes (process_vm_writev).
-  const bool huge = size >= kHugePage;
+HostBuffer::HostBuffer(size_t size, Pages pages, size_t alignment) : size_(size) {
+  const bool huge = pages == Pages::kHuge && size >= kHugePage;
   if (huge) alignment = std::max(alignment, kHugePage);
   const size_t rounded = (size + alignment - 1) / alignment * alignment;
   void* p = std::aligned_alloc(alignment, rounded == 0 ? alignment : rounded);

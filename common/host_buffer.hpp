@@ -12,10 +12,16 @@ namespace common {
 inline constexpr size_t kBufferAlignment = 4096;
 inline constexpr size_t kHugePage = 2 << 20;
 
+// Huge pages (2 MiB, transparent) suit memory that lives long: fewer TLB misses, and far fewer
+// pages for the kernel to pin when shm copies between processes. Asking for them costs time
+// when the buffer is made (the kernel may compact memory to find them: 150 ms and more for
+// 64 MiB), so memory made for one request takes small pages.
+enum class Pages { kHuge, kSmall };
+
 class HostBuffer {
  public:
   HostBuffer() = default;
-  explicit HostBuffer(size_t size, size_t alignment = kBufferAlignment);
+  explicit HostBuffer(size_t size, Pages pages = Pages::kHuge, size_t alignment = kBufferAlignment);
   uint8_t* data() const { return data_.get(); }
   size_t size() const { return size_; }
 

@@ -1,15 +1,17 @@
 #include "page_buffer.hpp"
 
+#include <algorithm>
 #include <cstring>
 
 #include "error.hpp"
+#include "page_data.hpp"
 
 namespace common {
 
-PageBuffer::PageBuffer(size_t size, Path path, int device)
+PageBuffer::PageBuffer(size_t size, Path path, int device, Pages pages)
     : path_(path), size_(size), device_(device) {
   if (path_ == Path::kHost) {
-    host_ = HostBuffer(size);
+    host_ = HostBuffer(size, pages);
     return;
   }
   gpu_ = CudaBuffer(size, device);
@@ -35,8 +37,23 @@ void PageBuffer::Write(size_t offset, std::span<const uint8_t> bytes) {
   gpu_.CopyFromHost(offset, bytes.data(), bytes.size());
 }
 
-void PageBuffer::SyncToNic() {
-  if (path_ == Path::kGpuStaged) gpu_.CopyToHost(mirror_.data(), 0, size_);
+void PageBuffer::SyncToNic(size_t offset, size_t bytes) {
+  if (path_ != Path::kGpuStaged) return;
+  bytes = std::min(bytes, size_ - offset);
+  gpu_.CopyToHost(mirror_.data() + offset, offset, bytes);
+}
+
+void FillPages(PageBuffer& buffer, size_t offset, uint64_t seed, std::span<const uint32_t> ids,
+               size_t page_size, HostBuffer& staging) {
+  const size_t bytes = ids.size() * page_size;
+  const bool host = buffer.path() == PageBuffer::Path::kHost;
+  if (!host && staging.size() < bytes) staging = HostBuffer(bytes, Pages::kSmall);
+  uint8_t* pages = host ? static_cast<uint8_t*>(buffer.nic_data()) + offset : staging.data();
+  for (size_t k = 0; k < ids.size(); ++k)
+    FillPage({pages + k * page_size, page_size}, seed, ids[k]);
+  if (host) return;
+  buffer.Write(offset, {pages, bytes});
+  buffer.SyncToNic(offset, bytes);
 }
 
 void PageBuffer::SyncFromNic() {

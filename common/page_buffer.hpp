@@ -4,6 +4,7 @@
 // buffer current, so the data still start and end in GPU memory.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -19,7 +20,7 @@ class PageBuffer {
   enum class Path { kHost, kGpuDirect, kGpuStaged };
 
   PageBuffer() = default;
-  PageBuffer(size_t size, Path path, int device = 0);
+  PageBuffer(size_t size, Path path, int device = 0, Pages pages = Pages::kHuge);
 
   Path path() const { return path_; }
   size_t size() const { return size_; }
@@ -30,8 +31,9 @@ class PageBuffer {
 
   // Copies `bytes` from host memory to `offset` (the GPU, and the mirror when staged).
   void Write(size_t offset, std::span<const uint8_t> bytes);
-  // Staged path: GPU -> mirror before the NIC reads; mirror -> GPU after the NIC wrote.
-  void SyncToNic();
+  // Staged path: GPU -> mirror before the NIC reads (`bytes` at `offset`, or all of it);
+  // mirror -> GPU after the NIC wrote.
+  void SyncToNic(size_t offset = 0, size_t bytes = SIZE_MAX);
   void SyncFromNic();
   // A host view of the contents (read back from the GPU when they live there).
   std::span<uint8_t> HostView();
@@ -44,6 +46,13 @@ class PageBuffer {
   CudaBuffer gpu_;
   PinnedBuffer mirror_;  // staged path only
 };
+
+// Fills `buffer` from `offset` with the pages `ids` of data set `seed` (page_data.hpp), one
+// after another, `page_size` bytes each, and makes them the NIC's to read. Host memory is
+// filled in place; GPU memory in `staging` (host memory, grown as needed) and then copied up
+// in one go, not a copy per page.
+void FillPages(PageBuffer& buffer, size_t offset, uint64_t seed, std::span<const uint32_t> ids,
+               size_t page_size, HostBuffer& staging);
 
 // --memory auto means cuda when a GPU is present; throws HardwareAbsent for cuda without one.
 MemoryKind ResolveMemory(MemoryKind requested);
