@@ -95,6 +95,13 @@ void CudaBuffer::CopyToHost(void* dst, size_t offset, size_t bytes) const {
       cudaMemcpy(dst, static_cast<const uint8_t*>(data_) + offset, bytes, cudaMemcpyDeviceToHost));
 }
 
+void CudaBuffer::CopyFrom(size_t offset, const CudaBuffer& src, size_t src_offset, size_t bytes) {
+  CUDA_CHECK(cudaMemcpy(static_cast<uint8_t*>(data_) + offset,
+                        static_cast<const uint8_t*>(src.data_) + src_offset, bytes,
+                        cudaMemcpyDeviceToDevice));
+  CUDA_CHECK(cudaDeviceSynchronize());  // a device-to-device cudaMemcpy may return early
+}
+
 UniqueFd CudaBuffer::ExportDmabuf(const void* at, size_t size) const {
   const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
   if (reinterpret_cast<uintptr_t>(at) % page != 0 || size % page != 0) return UniqueFd();
@@ -153,6 +160,9 @@ void CudaBuffer::CopyFromHost(size_t, const void*, size_t) {
   NoCuda();
 }
 void CudaBuffer::CopyToHost(void*, size_t, size_t) const {
+  NoCuda();
+}
+void CudaBuffer::CopyFrom(size_t, const CudaBuffer&, size_t, size_t) {
   NoCuda();
 }
 UniqueFd CudaBuffer::ExportDmabuf(const void*, size_t) const {

@@ -46,6 +46,8 @@ class CudaBuffer {
   int device() const { return device_; }
   void CopyFromHost(size_t offset, const void* src, size_t bytes);
   void CopyToHost(void* dst, size_t offset, size_t bytes) const;
+  // Device to device, within this buffer's GPU; returns once the copy is done.
+  void CopyFrom(size_t offset, const CudaBuffer& src, size_t src_offset, size_t bytes);
   // A dmabuf for `size` bytes at `at` inside the buffer (cuMemGetHandleForAddressRange, looked
   // up through the runtime so that nothing links libcuda); fd -1 where the driver does not
   // offer it, or the range is not aligned to host pages as the driver requires.

@@ -3,6 +3,10 @@
 //   memcpy: both buffers in one process, the plain memory-bandwidth limit of one core;
 //   cma:    into another process with process_vm_writev (cross-memory attach), the single
 //           copy that libfabric's shm provider uses for RMA payloads between processes.
+// With --gpu instead, the GPU's own limits (whole buffers, 1 GiB by default):
+//   gpu-d2d:  cudaMemcpy from device memory to device memory (counted once: bytes moved);
+//   gpu-h2d:  pinned host memory to the GPU, the staged path's copy (and its PCIe limit);
+//   gpu-d2h:  the GPU to pinned host memory.
 // Prints "<method>: <Gbps> Gbps (...)" lines, or JSON with --json.
 #include <signal.h>
 #include <sys/mman.h>
@@ -16,6 +20,7 @@
 #include <functional>
 #include <string>
 
+#include "cuda_memory.hpp"
 #include "error.hpp"
 #include "host_buffer.hpp"
 #include "options.hpp"
@@ -44,11 +49,25 @@ void Report(const char* method, uint64_t bytes, double seconds, uint64_t page_si
                 static_cast<unsigned long long>(page_size));
 }
 
+// The GPU's copy limits; throws HardwareAbsent (exit 77) without a GPU.
+void GpuLimits(uint64_t bytes, uint64_t repeat, bool json) {
+  CudaBuffer a(bytes, 0), b(bytes, 0);
+  PinnedBuffer host(bytes);
+  std::memset(host.data(), 1, bytes);
+  Report("gpu-d2d", bytes * repeat, TimeIt(repeat, [&] { b.CopyFrom(0, a, 0, bytes); }), bytes,
+         json);
+  Report("gpu-h2d", bytes * repeat, TimeIt(repeat, [&] { a.CopyFromHost(0, host.data(), bytes); }),
+         bytes, json);
+  Report("gpu-d2h", bytes * repeat, TimeIt(repeat, [&] { a.CopyToHost(host.data(), 0, bytes); }),
+         bytes, json);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   uint64_t page_size = 64 * 1024, pages = 4096, repeat = 10;
-  bool json = false;
+  bool json = false, gpu = false;
+  uint64_t gpu_bytes = 1ull << 30;
   CLI::App app{
       "Single-thread copy bandwidth (memcpy, and process_vm_writev into another "
       "process) with the page pattern of the transfer stages",
@@ -61,8 +80,16 @@ int main(int argc, char** argv) {
       "Pages per pass (default 4096)");
   app.add_option("--repeat", repeat, "Passes (default 10)");
   app.add_flag("--json", json, "JSON lines");
+  app.add_flag("--gpu", gpu, "The GPU's copy limits instead (exit 77 without a GPU)");
+  app.add_option_function<std::string>(
+      "--gpu-bytes", [&](const std::string& s) { gpu_bytes = ParseSize(s, "--gpu-bytes"); },
+      "Bytes per GPU copy (default 1g)");
   if (int rc = ParseCommandLine(app, argc, argv); rc >= 0) return rc;
   return RunProgram("copy_bandwidth", [&] {
+    if (gpu) {
+      GpuLimits(gpu_bytes, repeat, json);
+      return 0;
+    }
     const uint64_t region_pages = 2 * pages, bytes = pages * page_size * repeat;
     HostBuffer source(pages * page_size), region(region_pages * page_size);
     const auto targets = SamplePages(1, pages, region_pages);

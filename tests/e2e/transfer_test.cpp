@@ -7,6 +7,8 @@
 #include <string>
 #include <tuple>
 
+#include <rdma/fabric.h>
+
 #include "process.hpp"
 
 using namespace testing_support;
@@ -129,6 +131,46 @@ TEST_P(Transfer, CudaMemoryOrExit77) {
   EXPECT_NE(client.out.find("GPU memory"), std::string::npos) << client.out;
   EXPECT_EQ(NumberAfter(client.out, "verified "), 64 * 65536LL * (RequestsOf(stage()) > 1 ? 2 : 1));
   EXPECT_EQ(server.Wait().exit_code, 0);
+}
+
+// Which way GPU pages go over shm, and that the program says so. libfabric 2.x's shm registers
+// GPU memory and copies it with CUDA IPC: --gpu-path direct works and the header says
+// "direct (CUDA IPC ...)". 1.17's shm has no CUDA: direct exits 77 with the probe's reason in
+// one line, and auto takes the staged path, saying why. Skipped without a GPU.
+TEST_P(Transfer, GpuPathIsTheOneThisLibfabricOffers) {
+  if (provider() != "shm") GTEST_SKIP() << "the GPU paths are asserted over shm";
+  StageServer server(stage(), provider(), 2, ServerArgs(stage()));
+  ASSERT_FALSE(server.address().empty());
+  std::vector<std::string> args = {"--pages", "32", "-S", "64k", "--memory", "cuda"};
+  for (auto& a : LaneArgs(stage())) args.push_back(a);
+  auto with = [&](const char* path) {
+    auto a = args;
+    a.insert(a.end(), {"--gpu-path", path});
+    return a;
+  };
+  Result direct = RunClient(stage(), provider(), server.address(), with("direct"));
+  if (direct.exit_code == 77 && direct.err.find("--memory cuda") != std::string::npos)
+    GTEST_SKIP() << "no GPU: " << direct.err;
+  if (FI_MAJOR(fi_version()) >= 2) {
+    ASSERT_EQ(direct.exit_code, 0) << direct.out << direct.err;
+    EXPECT_NE(direct.out.find("GPU memory, direct (CUDA IPC"), std::string::npos) << direct.out;
+    EXPECT_EQ(NumberAfter(direct.out, "verified "), 32 * 65536LL);
+    Result again = RunClient(stage(), provider(), server.address(), with("auto"));
+    ASSERT_EQ(again.exit_code, 0) << again.out << again.err;
+    EXPECT_NE(again.out.find("GPU memory, direct"), std::string::npos) << again.out;
+  } else {
+    EXPECT_EQ(direct.exit_code, 77) << direct.out << direct.err;
+    EXPECT_NE(direct.err.find("--gpu-path direct: shm does not register GPU memory"),
+              std::string::npos)
+        << direct.err;
+    EXPECT_EQ(std::count(direct.err.begin(), direct.err.end(), '\n'), 1) << direct.err;
+    Result staged = RunClient(stage(), provider(), server.address(), with("auto"));
+    ASSERT_EQ(staged.exit_code, 0) << staged.out << staged.err;
+    EXPECT_NE(staged.out.find("GPU memory, staged through pinned host memory (shm does not"),
+              std::string::npos)
+        << staged.out;
+    EXPECT_EQ(NumberAfter(staged.out, "verified "), 32 * 65536LL);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(
