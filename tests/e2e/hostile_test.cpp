@@ -209,9 +209,11 @@ TEST_P(HostileService, FakeShmAddress) {
 // learning it at once (ERROR), never more than 3 are connected at any time, and once the
 // flood's clients fall silent (--peer-timeout) the server serves the next client.
 TEST_P(HostileService, FloodBeyondMaxClients) {
-  Attacked server("07_full_p5", provider(), {"--max-clients", "3", "--peer-timeout", "2"});
+  // The silent clients it accepts stay until the flood is over (--hold) and are dropped by
+  // --peer-timeout before the next client comes.
+  Attacked server("07_full_p5", provider(), {"--max-clients", "3", "--peer-timeout", "4"});
   ASSERT_FALSE(server.address().empty());
-  Result flood = server.Attack("flood", {"--count", "20"});
+  Result flood = server.Attack("flood", {"--count", "20", "--hold", "5"});
   ASSERT_NE(flood.out.find("flood: 20 clients, "), std::string::npos) << flood.out << flood.err;
   EXPECT_NE(flood.out.find("refused: server full: 3 clients (--max-clients)"), std::string::npos)
       << flood.out;

@@ -268,6 +268,7 @@ int main(int argc, char** argv) {
   std::string what;
   uint64_t count = 1;
   double seconds = 10;
+  double hold = 2;
   std::string victim;
   CLI::App app{"A misbehaving client for the tests (see the header of hostile_peer.cpp)",
                "hostile_peer"};
@@ -275,6 +276,7 @@ int main(int argc, char** argv) {
   app.add_option("case", what, "What to do")->required();
   app.add_option("--count", count, "How many times (clients, messages, WRITEs)");
   app.add_option("--seconds", seconds, "Bound of every loop");
+  app.add_option("--hold", hold, "flood: seconds its clients stay after the answers");
   app.add_option("--victim", victim, "stranger-write: a file with the victim's lane addresses");
   if (int rc = ParseCommandLine(app, argc, argv); rc >= 0) return rc;
   return RunProgram("hostile_peer", [&]() -> int {
@@ -347,24 +349,28 @@ int main(int argc, char** argv) {
       Leave(0);
     }
     if (what == "flood") {  // --count clients connect and stay, from endpoints of their own
+      // All endpoints first, then the CONNECTs back to back: opening one can take a while
+      // (tcp), and the server must see the whole flood while its first clients are in.
       std::vector<std::unique_ptr<Peer>> peers;
-      size_t accepted = 0, refused = 0;
-      for (uint64_t i = 0; i < count && Clock::now() < deadline; ++i) {
+      for (uint64_t i = 0; i < count && Clock::now() < deadline; ++i)
         peers.push_back(Open(options, server, true));
-        SendMessage(*peers.back(), ConnectOf(*peers.back(), 1 << 20), deadline);
-      }
+      for (auto& p : peers) SendMessage(*p, ConnectOf(*p, 1 << 20), deadline);
+      size_t accepted = 0, refused = 0;
+      std::string refusal;
       for (auto& p : peers) {
         WaitFor(
             *p, [&] { return p->received > 0; }, deadline);
-        if (p->last_text == "ACCEPT")
+        if (p->last_text == "ACCEPT") {
           ++accepted;
-        else if (!p->last_text.empty())
+        } else if (!p->last_text.empty()) {
           ++refused;
+          if (refusal.empty()) refusal = p->last_text;
+        }
       }
       std::printf("flood: %zu clients, %zu accepted, %zu refused%s%s\n", peers.size(), accepted,
-                  refused, refused ? ": " : "", refused ? peers.back()->last_text.c_str() : "");
+                  refused, refused ? ": " : "", refusal.c_str());
       std::fflush(stdout);
-      std::this_thread::sleep_for(std::chrono::duration<double>(std::min(seconds, 2.0)));
+      std::this_thread::sleep_for(std::chrono::duration<double>(hold));
       Leave(0);
     }
     if (what == "big-requests" || what == "repeat-bye" || what == "transfer-bye" ||

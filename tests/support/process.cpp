@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <cstring>
 
 #include <cstdlib>
 #include <filesystem>
@@ -112,6 +113,11 @@ Result Process::Wait(std::chrono::duration<double> limit) {
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   r.out = Slurp(out_path_);
   r.err = Slurp(err_path_);
+  // A crash must say which signal: "exit code -1" alone cannot be told from a timeout.
+  if (WIFSIGNALED(status))
+    r.err += "\n[test support: process ended by signal " + std::to_string(WTERMSIG(status)) + " (" +
+             strsignal(WTERMSIG(status)) + ")" + (r.timed_out ? ", after its time limit" : "") +
+             "]\n";
   return r;
 }
 
