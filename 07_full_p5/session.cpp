@@ -160,7 +160,12 @@ std::string Session::Totals() const {
 // contiguous blocks, which are the topology's groups when there is a thread per group.
 std::unique_ptr<service::Session> Engine::Open(const wire::Connect& connect) {
   auto s = std::make_unique<Session>();
-  const size_t used = std::min(plan_.lanes.size(), connect.lanes.size());
+  // The client expects each lane's WRITEs on that lane: a lane the server lacks would never
+  // be written, so a client with more lanes than the server is refused, not half served.
+  if (connect.lanes.size() > plan_.lanes.size())
+    throw Error("the client has " + std::to_string(connect.lanes.size()) + " lanes, this server " +
+                std::to_string(plan_.lanes.size()) + " (start both with the same --nics)");
+  const size_t used = connect.lanes.size();
   for (size_t l = 0; l < used; ++l) {
     s->addresses.push_back(connect.lanes[l].address);
     s->regions.push_back(connect.lanes[l].region);

@@ -3,12 +3,14 @@
 // processes over shm and tcp (loopback), every transfer verified by its client.
 #include <gtest/gtest.h>
 
+#include <sched.h>
 #include <signal.h>
 
 #include <string>
 #include <thread>
 
 #include "process.hpp"
+#include "topology.hpp"
 
 using namespace testing_support;
 using namespace std::chrono_literals;
@@ -16,6 +18,17 @@ using namespace std::chrono_literals;
 namespace {
 
 constexpr const char* kStage = "07_full_p5";
+
+// The cores this process may run on, as the server prints an unpinned thread's ("0-15").
+std::string AllCpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  sched_getaffinity(0, sizeof set, &set);
+  std::vector<unsigned> cpus;
+  for (unsigned i = 0; i < CPU_SETSIZE; ++i)
+    if (CPU_ISSET(i, &set)) cpus.push_back(i);
+  return common::FormatCpuList(cpus);
+}
 
 class Engine : public ::testing::TestWithParam<std::string> {
  protected:
@@ -133,7 +146,8 @@ TEST_P(Engine, EverySwitchOfTheLadderDoesWhatItSays) {
   };
   // Everything off: one shared state (locks taken), one WRITE per lane per visit, a doorbell
   // per WRITE, posted where prepared, the thread free to run and allocate anywhere.
-  EXPECT_TRUE(has(0, "1 threads (cpus 0-1, memory anywhere)")) << lines[0];
+  const std::string all = "cpus " + AllCpus();  // not pinned: every core of this host
+  EXPECT_TRUE(has(0, "1 threads (" + all + ", memory anywhere)")) << lines[0];
   EXPECT_FALSE(has(0, " 0 lock acquisitions")) << lines[0];
   EXPECT_TRUE(has(0, "at most 2 WRITEs prepared per visit")) << lines[0];
   EXPECT_TRUE(has(0, "1.00 WRITEs per doorbell")) << lines[0];
@@ -141,7 +155,7 @@ TEST_P(Engine, EverySwitchOfTheLadderDoesWhatItSays) {
   // Rung 1 is the same engine; warmup is the client's (its WRITEs are the server's warmup
   // request); then each switch on in turn: rungs are sessions 1..9.
   EXPECT_NE(log.find("warmup: 32 WRITEs"), std::string::npos) << log;  // 2 lanes x 16
-  EXPECT_TRUE(has(3, "2 threads (cpus 0-1, memory anywhere; cpus 0-1, memory anywhere)"))
+  EXPECT_TRUE(has(3, "2 threads (" + all + ", memory anywhere; " + all + ", memory anywhere)"))
       << lines[3];
   EXPECT_TRUE(has(4, "2 threads (cpus 0, memory anywhere; cpus 1, memory anywhere)")) << lines[4];
   EXPECT_FALSE(has(4, " 0 lock acquisitions")) << lines[4];
@@ -227,6 +241,23 @@ TEST_P(Engine, AnotherClientsRegionIsRefused) {
   Result r = owner.Wait(120s);
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_EQ(NumberAfter(r.out, "verified "), 1024LL * 65536 * 4);  // 4 requests
+  EXPECT_EQ(server.Wait().exit_code, 0);
+}
+
+// A client with more lanes than the server: refused with the two counts, and a client with
+// the server's lanes is served after it.
+TEST_P(Engine, MoreLanesThanTheServerIsRefused) {
+  StageServer server(kStage, provider(), 1, {"--memory", "host", "--nics", "2"});
+  ASSERT_FALSE(server.address().empty());
+  Result three = RunClient(kStage, provider(), server.address(), Small(8, {"--nics", "3"}));
+  EXPECT_EQ(three.exit_code, 1) << three.out << three.err;
+  EXPECT_NE(three.err.find("the client has 3 lanes, this server 2 (start both with the same "
+                           "--nics)"),
+            std::string::npos)
+      << three.err;
+  Result two = RunClient(kStage, provider(), server.address(), Small(8, {"--nics", "2"}));
+  ASSERT_EQ(two.exit_code, 0) << two.out << two.err;
+  EXPECT_EQ(NumberAfter(two.out, "verified "), 8LL * 16384 * 2);
   EXPECT_EQ(server.Wait().exit_code, 0);
 }
 

@@ -153,11 +153,11 @@ TEST_P(Transfer, GpuPathIsTheOneThisLibfabricOffers) {
     GTEST_SKIP() << "no GPU: " << direct.err;
   if (FI_MAJOR(fi_version()) >= 2) {
     ASSERT_EQ(direct.exit_code, 0) << direct.out << direct.err;
-    EXPECT_NE(direct.out.find("GPU memory, direct (CUDA IPC"), std::string::npos) << direct.out;
-    EXPECT_EQ(NumberAfter(direct.out, "verified "), 32 * 65536LL);
+    EXPECT_NE(direct.out.find("pages in GPU memory, direct ("), std::string::npos) << direct.out;
+    EXPECT_EQ(NumberAfter(direct.out, "verified "), 32 * 65536LL * RequestsOf(stage()));
     Result again = RunClient(stage(), provider(), server.address(), with("auto"));
     ASSERT_EQ(again.exit_code, 0) << again.out << again.err;
-    EXPECT_NE(again.out.find("GPU memory, direct"), std::string::npos) << again.out;
+    EXPECT_NE(again.out.find("pages in GPU memory, direct ("), std::string::npos) << again.out;
   } else {
     EXPECT_EQ(direct.exit_code, 77) << direct.out << direct.err;
     EXPECT_NE(direct.err.find("--gpu-path direct: shm does not register GPU memory"),
@@ -169,7 +169,7 @@ TEST_P(Transfer, GpuPathIsTheOneThisLibfabricOffers) {
     EXPECT_NE(staged.out.find("GPU memory, staged through pinned host memory (shm does not"),
               std::string::npos)
         << staged.out;
-    EXPECT_EQ(NumberAfter(staged.out, "verified "), 32 * 65536LL);
+    EXPECT_EQ(NumberAfter(staged.out, "verified "), 32 * 65536LL * RequestsOf(stage()));
   }
 }
 
