@@ -25,6 +25,14 @@
 #include "provider.hpp"
 
 namespace p5 {
+namespace {
+// "10 s", "0.25 s": for messages.
+std::string FormatSeconds(Clock::duration d) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.3g s", std::chrono::duration<double>(d).count());
+  return text;
+}
+}  // namespace
 
 // Checks every requested page against the seed's data, in the region of the lane it came
 // on; throws naming the first bad byte.
@@ -203,6 +211,7 @@ Summary RunSession(const Options& options, std::span<const uint8_t> peer, wire::
                              all_pages.begin() + (r + 1) * options.pages);
   }
   if (options.test_bad_page) requests.back().pages.back() = static_cast<uint32_t>(region_pages);
+  // <rung warmup>
   // Warmup: the first page of each lane, --warmup times, untimed. It lands where the timed
   // WRITEs land later, with the same data.
   wire::Transfer warmup = requests[0];
@@ -210,6 +219,7 @@ Summary RunSession(const Options& options, std::span<const uint8_t> peer, wire::
   warmup.pages.resize(std::min<size_t>(lanes.size(), warmup.pages.size()));
   warmup.repeat = options.warmup;
   warm = warm && options.warmup > 0;
+  // </rung warmup>
   // What each lane receives: page i of a request comes on lane i % lanes.
   std::vector<uint64_t> expected_per_lane(lanes.size());
   for (const auto& r : requests)
@@ -309,27 +319,50 @@ Summary RunSession(const Options& options, std::span<const uint8_t> peer, wire::
   auto on_error = [&](Op*, const CompletionError& error) {
     Abandon(kProgram, "a control message failed: " + error.text);
   };
-  // Names the lanes still owed WRITEs: a NIC that failed for good shows here (README.md,
-  // "When a NIC fails"), and the session ends with that, not a wait without end.
+  // Names the lanes still owed WRITEs, and the one whose WRITEs stopped landing first: a NIC
+  // that failed for good (README.md, "When a NIC fails"). The others stall after it, once
+  // its WRITEs hold the whole window; the session ends with that, not a wait without end.
+  std::vector<uint64_t> lane_seen(lanes.size(), 0);
+  std::vector<Clock::time_point> lane_moved(lanes.size(), Clock::now());
+  auto watch_lanes = [&] {
+    for (const auto& r : receivers.threads)
+      for (size_t l = 0; l < r->lane_count; ++l)
+        if (const uint64_t got = r->per_lane[l]; got != lane_seen[r->first_lane + l]) {
+          lane_seen[r->first_lane + l] = got;
+          lane_moved[r->first_lane + l] = Clock::now();
+        }
+  };
   auto missing = [&] {
     std::string lanes_owed;
-    for (const auto& r : receivers.threads)
-      for (size_t l = 0; l < r->lane_count; ++l) {
-        const size_t lane = r->first_lane + l;
-        const uint64_t got = r->per_lane[l];
-        if (got < expected_per_lane[lane])
-          lanes_owed += std::string(lanes_owed.empty() ? "" : ", ") + "lane " +
-                        std::to_string(lane) + " (" + lanes[lane].info->domain_attr->name + ") " +
-                        std::to_string(expected_per_lane[lane] - got) + " of " +
-                        std::to_string(expected_per_lane[lane]);
+    size_t first = lanes.size();
+    auto next = Clock::time_point::max();
+    for (size_t lane = 0; lane < lanes.size(); ++lane) {
+      const uint64_t got = lane_seen[lane];
+      if (got >= expected_per_lane[lane]) continue;
+      lanes_owed += std::string(lanes_owed.empty() ? "" : ", ") + "lane " + std::to_string(lane) +
+                    " (" + lanes[lane].info->domain_attr->name + ") " +
+                    std::to_string(expected_per_lane[lane] - got) + " of " +
+                    std::to_string(expected_per_lane[lane]);
+      if (first == lanes.size() || lane_moved[lane] < lane_moved[first]) {
+        if (first != lanes.size()) next = std::min(next, lane_moved[first]);
+        first = lane;
+      } else {
+        next = std::min(next, lane_moved[lane]);
       }
+    }
+    if (first < lanes.size() && next != Clock::time_point::max() &&
+        next - lane_moved[first] > std::chrono::milliseconds(50))
+      lanes_owed += "; lane " + std::to_string(first) + " (" +
+                    lanes[first].info->domain_attr->name + ") stopped first, " +
+                    FormatSeconds(next - lane_moved[first]) +
+                    " before the others: its NIC or its path failed (07 does not fail over)";
     return lanes_owed;
   };
   auto progress = [&] {
     size_t n = control.PollCompletion(on_done, on_error);
     if (!mail.Flush(limit).empty())
-      Abandon(kProgram, "no answer from the server within " + std::to_string(options.timeout_s) +
-                            " s: it takes none of our messages (is it running at that address?)");
+      Abandon(kProgram, "no answer from the server within " + FormatSeconds(limit) +
+                            ": it takes none of our messages (is it running at that address?)");
     for (const auto& r : receivers.threads)
       if (r->failed) {
         std::lock_guard lock(r->mutex);
@@ -337,6 +370,7 @@ Summary RunSession(const Options& options, std::span<const uint8_t> peer, wire::
       }
     const uint64_t now_seen = arrived_total();
     if (n > 0 || now_seen != seen) last_progress = Clock::now();
+    watch_lanes();
     seen = now_seen;
     // The receivers count the data; this thread only watches, so it naps unless a control
     // message came (a spinning watcher takes a core from the lanes on a small machine).
@@ -344,7 +378,7 @@ Summary RunSession(const Options& options, std::span<const uint8_t> peer, wire::
     if (Clock::now() - last_progress > limit) {
       const std::string owed = missing();
       Abandon(kProgram,
-              "no answer from the server within " + std::to_string(options.timeout_s) + " s" +
+              "no answer from the server within " + FormatSeconds(limit) +
                   (owed.empty() ? " (is it running at that address?)" : "; missing: " + owed));
     }
   };

@@ -3,11 +3,13 @@
 // exits 77 with the reason, which Meson reports as skipped.
 #include <gtest/gtest.h>
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
 #include <string>
+#include <thread>
 
 #include "process.hpp"
 
@@ -133,6 +135,49 @@ TEST(Cluster, FullEngineOnFourNics) {
     EXPECT_GT(sent, share * 9 / 10) << "NIC " << i;
     EXPECT_LT(sent, share * 12 / 10) << "NIC " << i;
   }
+}
+
+// A NIC down for good mid-transfer (07 does not fail over, README.md "When a NIC fails"):
+// the client ends in bounded time, exit 1, naming that NIC's lane as the one that stopped
+// first, with no crash; the server drops the silent client and serves the next one on the
+// NICs that still work.
+TEST(Cluster, NicDownMidTransfer) {
+  MiniCluster mc(kNics, 1000);
+  ASSERT_TRUE(mc.ok()) << mc.log();
+  TempDir dir;
+  const std::string address_file = dir.path() + "/addr";
+  Process server(mc.On("A", {StageBinary("07_full_p5"), "-p", "tcp", "--memory", "host", "--nics",
+                             "4", "--peer-timeout", "3", "--address-file", address_file}));
+  const std::string address = WaitForLine(address_file, 20s);
+  ASSERT_FALSE(address.empty()) << server.Output();
+  // 4 GiB over 4 x 1 Gbit/s: about 9 s, of which the NIC takes the third second.
+  Process client(mc.On("B", {StageBinary("07_full_p5"), "-p", "tcp", address, "--memory", "host",
+                             "--nics", "4", "-S", "64k", "--pages", "1024", "--requests", "4",
+                             "--repeat", "16", "--timeout", "4"}));
+  std::this_thread::sleep_for(3s);
+  const std::string nic = mc.name() + "b2";
+  Result down = RunToEnd(mc.On("B", {"ip", "link", "set", nic, "down"}), 10s);
+  ASSERT_EQ(down.exit_code, 0) << down.out << down.err;
+  const auto start = std::chrono::steady_clock::now();
+  Result r = client.Wait(30s);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 15s);
+  EXPECT_FALSE(r.timed_out);
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  EXPECT_NE(r.err.find("lane 2 (" + nic + ") stopped first"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("signal"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("Backtrace"), std::string::npos) << r.err;
+  // The next client, on a NIC that works, is served and verified.
+  Result next = RunToEnd(
+      mc.On("B", {StageBinary("07_full_p5"), "-p", "tcp", address, "--memory", "host", "--nics",
+                  "1", "-S", "64k", "--pages", "64", "--requests", "2", "--json"}),
+      60s);
+  EXPECT_EQ(next.exit_code, 0) << next.out << next.err;
+  EXPECT_EQ(NumberAfter(next.out, "\"verified_bytes\":"), 64LL * 65536 * 2) << next.out;
+  server.Signal(SIGTERM);
+  Result served = server.Wait(15s);
+  EXPECT_EQ(served.exit_code, 0) << served.out << served.err;
+  EXPECT_NE(served.out.find("client 1 lost: "), std::string::npos) << served.out;
+  EXPECT_NE(served.out.find("client 2 done: "), std::string::npos) << served.out;
 }
 
 TEST(Cluster, NoNamespaceLeftBehind) {
