@@ -26,6 +26,7 @@ void Fail(Session& s, const std::string& why) {
   if (s.failure.empty()) s.failure = why;
   s.stop = true;
 }
+// <rung pin>
 // --pin: the thread stays on one core of its group's NUMA node, its caches warm and its
 // NICs' completions handled where their memory is.
 void PinToGroupCore(const Worker& w) {
@@ -33,6 +34,8 @@ void PinToGroupCore(const Worker& w) {
   if (w.cpu && !PinThread(*w.session->topology, *w.cpu, why))
     std::printf("warning: not pinned: %s\n", why.c_str());
 }
+// </rung pin>
+// <rung numa>
 // --numa: what the thread allocates from here on (endpoints, queues, its source memory)
 // comes from its group's NUMA node.
 void BindToGroupMemory(const Worker& w) {
@@ -40,6 +43,7 @@ void BindToGroupMemory(const Worker& w) {
   if (!BindThreadMemory(*w.session->topology, w.group->numa, why))
     std::printf("warning: memory not bound: %s\n", why.c_str());
 }
+// </rung numa>
 // Each data thread opens its own lanes (fresh endpoints for this client alone) and its source
 // memory, registered once on each of them: engine.memory bytes per lane, as the client asked.
 void OpenLanes(Worker& w) {
@@ -63,6 +67,7 @@ void OpenLanes(Worker& w) {
   }
   w.placement = DescribePlacement(*s.topology);
 }
+// <rung shard>
 // --shard: the thread's own window, no lock. --no-shard: the session's, behind its lock;
 // each thread still takes no more than its lanes' share, so none starves the others.
 Op* TakeOp(Worker& w) {
@@ -96,6 +101,7 @@ void CountCompletion(Worker& w, Op* op) {
   shared.bytes += op->length;
   shared.free_ops.push_back(op);
 }
+// </rung shard>
 // New shares from the control thread: each takes room in the thread's source memory (it
 // waits for room if the memory is taken by earlier requests) and its pages are filled there.
 void PlaceShares(Worker& w) {
@@ -126,6 +132,7 @@ void PlaceShares(Worker& w) {
     share->placed = true;
   }
 }
+// <rung doorbell>
 // --doorbell: hands a lane's prepared WRITEs to the provider in groups, FI_MORE on all but
 // the last of each, so it can ring the NIC once per group. A group cut short by -FI_EAGAIN
 // leaves WRITEs held back behind FI_MORE: the next post then goes without it and rings.
@@ -151,6 +158,8 @@ void Flush(Worker& w, size_t lane) {
     w.held_back[lane] = 0;
   }
 }
+// </rung doorbell>
+// <rung lazy>
 // --lazy: reads every lane's completions, and posts a lane's prepared WRITEs right after its
 // completions made room in its queue (progress in the CQ poll).
 size_t PollLanes(Worker& w) {
@@ -169,6 +178,8 @@ size_t PollLanes(Worker& w) {
   }
   return done;
 }
+// </rung lazy>
+// <rung batch>
 // --batch: prepares at most --batch WRITEs per lane each time round the loop (1: one, then
 // poll again), one placed share after another in turn. Page i of a request always goes out
 // on lane i % lanes, so each thread owns its pages. Eager posting (--eager-post) hands a
@@ -209,6 +220,7 @@ void PostWrites(Worker& w) {
   if (eager)
     for (size_t l = 0; l < w.lanes.size(); ++l) Flush(w, l);
 }
+// </rung batch>
 // Shares whose WRITEs all completed give their source memory back; the last share of a
 // request hands it back to the service, with its times.
 void FinishShares(Worker& w, Clock::time_point now) {

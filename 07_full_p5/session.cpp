@@ -28,12 +28,14 @@ std::string DescribeEngine(const wire::Engine& e, size_t threads) {
   s += ", window " + std::to_string(e.window) + " per lane";
   return s;
 }
+// <rung threads>
 size_t ThreadsFor(uint32_t asked, const Plan& plan, size_t lanes) {
   size_t threads = asked;
   if (threads == 0)
     threads = std::set<size_t>(plan.group_of.begin(), plan.group_of.begin() + lanes).size();
   return std::min(threads, lanes);
 }
+// </rung threads>
 std::vector<std::vector<uint8_t>> Session::Writers() const {
   std::vector<std::vector<uint8_t>> all;
   for (const auto& w : workers) all.insert(all.end(), w->writers.begin(), w->writers.end());
@@ -186,6 +188,7 @@ std::unique_ptr<service::Session> Engine::Open(const wire::Connect& connect) {
   s->memory = memory_;
   s->plan = &plan_;
   s->topology = &topology_;
+  // <rung threads>
   const size_t threads = ThreadsFor(s->engine.threads, plan_, used);
   std::map<const DeviceGroup*, size_t> per_group;  // threads placed in each group so far
   for (size_t t = 0; t < threads; ++t) {
@@ -199,6 +202,7 @@ std::unique_ptr<service::Session> Engine::Open(const wire::Connect& connect) {
     for (size_t l = 0; l < w->lane_count; ++l) s->owner.push_back(t);
     s->workers.push_back(std::move(w));
   }
+  // </rung threads>
   if (!s->On(wire::kEngineShard)) {
     s->shared.ops.resize(s->engine.window * used);
     for (auto& op : s->shared.ops) s->shared.free_ops.push_back(&op);
