@@ -168,7 +168,8 @@ void AddOptions(CLI::App& app, Options& o, unsigned groups) {
         ->group("");
   }
   if (groups & kWindowOptions) {
-    AddSize(app, "-W,--window", &o.window, "WRITEs in flight at once, per lane", "N");
+    AddSize(app, "-W,--window", &o.window,
+            "WRITEs in flight at once: in all (05, 06), per lane (07)", "N");
     AddSize(app, "--requests", &o.requests, "TRANSFER requests in flight per client", "N");
     AddSize(app, "--max-requests", &o.max_requests,
             "Server: requests in flight per client, at most; one more is refused", "N");

@@ -1,7 +1,7 @@
 # Helpers the benchmark scripts share (sourced, not run): medians, JSON fields, CPU time
 # split, NIC byte counters, and one server/client run across the mini-cluster.
 
-median() { sort -g | awk '{a[NR]=$1} END {if (NR%2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2}'; }
+median() { sort -g | awk '{a[NR]=$1} END {if (NR == 0) print "-"; else if (NR % 2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2}'; }  # "-" when there is nothing
 field() { sed -n "s/.*\"$1\":\([0-9.]*\).*/\1/p"; }
 cpu_ticks() {  # user nice system idle iowait irq softirq, summed over all CPUs
   awk '/^cpu / {print $2, $3, $4, $5, $6, $7, $8}' /proc/stat
