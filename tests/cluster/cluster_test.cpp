@@ -2,12 +2,15 @@
 // veth pairs (scripts/minicluster). Needs root and iproute2: without them the whole suite
 // exits 77 with the reason, which Meson reports as skipped.
 #include <gtest/gtest.h>
+#include <rdma/fabric.h>
 
 #include <signal.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <memory>
 #include <string>
 #include <thread>
 
@@ -137,6 +140,16 @@ TEST(Cluster, FullEngineOnFourNics) {
   }
 }
 
+// Waits until `p` printed `text`, or `limit` passed.
+bool WaitForText(Process& p, const std::string& text, std::chrono::seconds limit) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (p.Output().find(text) != std::string::npos) return true;
+    std::this_thread::sleep_for(50ms);
+  }
+  return false;
+}
+
 // A NIC down for good mid-transfer (07 does not fail over, README.md "When a NIC fails"):
 // the client ends in bounded time, exit 1, naming that NIC's lane as the one that stopped
 // first, with no crash; the server drops the silent client and serves the next one on the
@@ -178,6 +191,64 @@ TEST(Cluster, NicDownMidTransfer) {
   EXPECT_EQ(served.exit_code, 0) << served.out << served.err;
   EXPECT_NE(served.out.find("client 1 lost: "), std::string::npos) << served.out;
   EXPECT_NE(served.out.find("client 2 done: "), std::string::npos) << served.out;
+}
+
+// A client killed mid-transfer, then a server killed mid-transfer, across the namespaces: the
+// server drops the dead client (its WRITEs fail over tcp) and serves the next; the client of
+// a dead server ends in bounded time with its own message and exit 1, no crash.
+TEST(Cluster, ClientAndServerKilledMidTransfer) {
+  MiniCluster mc(2, 1000);
+  ASSERT_TRUE(mc.ok()) << mc.log();
+  TempDir dir;
+  const std::string address_file = dir.path() + "/addr";
+  auto server = std::make_unique<Process>(
+      mc.On("A", {StageBinary("07_full_p5"), "-p", "tcp", "--memory", "host", "--nics", "2",
+                  "--peer-timeout", "3", "--address-file", address_file}));
+  const std::string address = WaitForLine(address_file, 20s);
+  ASSERT_FALSE(address.empty()) << server->Output();
+  std::vector<std::string> long_transfer = {StageBinary("07_full_p5"), "-p", "tcp", address};
+  for (const char* arg : {"--memory", "host", "--nics", "2", "-S", "64k", "--pages", "1024",
+                          "--requests", "4", "--repeat", "8", "--timeout", "4"})
+    long_transfer.push_back(arg);
+  // (1) The client dies.
+  {
+    Process victim(mc.On("B", long_transfer));
+    ASSERT_TRUE(WaitForText(*server, "client 1 connected", 20s)) << server->Output();
+    std::this_thread::sleep_for(1s);
+    victim.Signal(SIGKILL);  // minicluster exec execs: the process is the client itself
+    Result dead = victim.Wait(10s);
+    EXPECT_NE(dead.exit_code, 0);
+    ASSERT_TRUE(WaitForText(*server, "client 1 lost: ", 20s)) << server->Output();
+  }
+  Result next = RunToEnd(
+      mc.On("B", {StageBinary("07_full_p5"), "-p", "tcp", address, "--memory", "host", "--nics",
+                  "2", "-S", "64k", "--pages", "64", "--requests", "2", "--json"}),
+      60s);
+  EXPECT_EQ(next.exit_code, 0) << next.out << next.err << server->Output();
+  EXPECT_EQ(NumberAfter(next.out, "\"verified_bytes\":"), 64LL * 65536 * 2) << next.out;
+  // (2) The server dies mid-transfer: its client says so and exits 1 within its timeout.
+  Process client(mc.On("B", long_transfer));
+  ASSERT_TRUE(WaitForText(*server, "client 3 connected", 20s)) << server->Output();
+  std::this_thread::sleep_for(1s);
+  server->Signal(SIGKILL);
+  server->Wait(10s);
+  const auto start = std::chrono::steady_clock::now();
+  Result orphan = client.Wait(30s);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 15s);
+  std::printf("the client of the killed server said: %s", orphan.err.c_str());
+  if (FI_MAJOR(fi_version()) >= 2 && orphan.err.find("signal 11") != std::string::npos) {
+    // libfabric 2.x's ofi_rxm (2.6.0: prov/rxm/src/rxm_cq.c, rxm_handle_comp_error) switches
+    // on the op_context of the error entry that tcp reports for a remote WRITE cut off by the
+    // writer's death; that context is NULL, and the target crashes inside fi_cq_read. 1.17
+    // reports the same loss without crashing. A provider bug, not one a program can catch:
+    // 07's README says so. What still holds: the client ended, in bounded time.
+    std::printf("known libfabric 2.x rxm crash on a writer's death (07 README)\n");
+  } else {
+    EXPECT_EQ(orphan.exit_code, 1) << orphan.out << orphan.err;
+    EXPECT_NE(orphan.err.find("07_full_p5: error: "), std::string::npos) << orphan.err;
+    EXPECT_EQ(orphan.err.find("signal"), std::string::npos) << orphan.err;
+    EXPECT_EQ(orphan.err.find("Backtrace"), std::string::npos) << orphan.err;
+  }
 }
 
 TEST(Cluster, NoNamespaceLeftBehind) {

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <string>
 #include <tuple>
@@ -115,6 +116,45 @@ TEST_P(Transfer, ClientWithoutServerGivesUpInBoundedTime) {
 }
 
 // GPU memory: runs where there is a GPU; elsewhere the client must answer 77 (skipped).
+// The clock cannot lie: the client times a request from sending it to its last WRITE, so its
+// seconds lie within the process's wall time and cover the server's own (first post to last
+// completion); the rate printed is the bytes over those seconds. A clock started at the first
+// arrival, with completions delivered in a burst (shm 2.x), failed the second check.
+TEST_P(Transfer, ReportedRateAgreesWithWallTime) {
+  StageServer server(stage(), provider(), 1, ServerArgs(stage()));
+  ASSERT_FALSE(server.address().empty());
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<std::string> args = {"-S", "64k", "--pages", "256", "--repeat", "8"};
+  if (stage() >= "04") args.push_back("--json");
+  Result r = RunClient(stage(), provider(), server.address(), With(args));
+  const double wall =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  const double expected_bytes = 256.0 * 65536 * 8 * RequestsOf(stage());
+  double bytes = 0, seconds = 0, server_seconds = 0;
+  if (stage() < "04") {  // 03 prints "received N WRITEs (B bytes) in S s (server: T s)"
+    const std::string& out = r.out;
+    bytes = std::stod(out.substr(out.find("WRITEs (") + 8));
+    seconds = std::stod(out.substr(out.find(" bytes) in ") + 11));
+    server_seconds = std::stod(out.substr(out.find("(server: ") + 9));
+  } else {
+    const std::string json = r.out.substr(r.out.find("{\"bytes\":"));
+    auto number = [&](const std::string& key) {
+      return std::stod(json.substr(json.find("\"" + key + "\":") + key.size() + 3));
+    };
+    bytes = number("bytes");
+    seconds = number("seconds");
+    server_seconds = number("server_seconds");
+    const double gbps = number("gbps");
+    EXPECT_NEAR(gbps, bytes * 8 / seconds / 1e9, gbps * 0.01 + 0.001) << json;
+  }
+  EXPECT_EQ(bytes, expected_bytes) << r.out;
+  EXPECT_GT(seconds, 0) << r.out;
+  EXPECT_LT(seconds, wall) << r.out;
+  EXPECT_GE(seconds, server_seconds * 0.9) << r.out;
+  EXPECT_EQ(server.Wait().exit_code, 0);
+}
+
 TEST_P(Transfer, CudaMemoryOrExit77) {
   StageServer server(stage(), provider(), 1, ServerArgs(stage()));
   ASSERT_FALSE(server.address().empty());
