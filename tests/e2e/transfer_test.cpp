@@ -173,12 +173,25 @@ TEST_P(Transfer, CudaMemoryOrExit77) {
   EXPECT_EQ(server.Wait().exit_code, 0);
 }
 
-// Which way GPU pages go over shm, and that the program says so. libfabric 2.x's shm registers
-// GPU memory and copies it with CUDA IPC: --gpu-path direct works and the header says
-// "direct (CUDA IPC ...)". 1.17's shm has no CUDA: direct exits 77 with the probe's reason in
-// one line, and auto takes the staged path, saying why. Skipped without a GPU.
-TEST_P(Transfer, GpuPathIsTheOneThisLibfabricOffers) {
-  if (provider() != "shm") GTEST_SKIP() << "the GPU paths are asserted over shm";
+INSTANTIATE_TEST_SUITE_P(
+    Stages, Transfer,
+    ::testing::Combine(::testing::Values("03_gpudirect_write", "04_concurrent", "05_queuing",
+                                         "06_multi_nic", "07_full_p5"),
+                       ::testing::Values("shm", "tcp")),
+    [](const auto& info) { return std::get<0>(info.param) + "_" + std::get<1>(info.param); });
+
+// Which way GPU pages go over shm, and that the program says so, for every stage that has
+// GPU memory. libfabric 2.x's shm registers GPU memory (and copies it with CUDA IPC):
+// --gpu-path direct and auto both say "pages in GPU memory, direct (...)". 1.17's shm has no
+// CUDA: direct exits 77 with the probe's reason in one line, and auto takes the staged path,
+// saying why. Skipped without a GPU.
+class GpuPath : public ::testing::TestWithParam<std::string> {
+ protected:
+  std::string stage() const { return GetParam(); }
+  std::string provider() const { return "shm"; }
+};
+
+TEST_P(GpuPath, IsTheOneThisLibfabricOffers) {
   StageServer server(stage(), provider(), 2, ServerArgs(stage()));
   ASSERT_FALSE(server.address().empty());
   std::vector<std::string> args = {"--pages", "32", "-S", "64k", "--memory", "cuda"};
@@ -213,12 +226,10 @@ TEST_P(Transfer, GpuPathIsTheOneThisLibfabricOffers) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Stages, Transfer,
-    ::testing::Combine(::testing::Values("03_gpudirect_write", "04_concurrent", "05_queuing",
-                                         "06_multi_nic", "07_full_p5"),
-                       ::testing::Values("shm", "tcp")),
-    [](const auto& info) { return std::get<0>(info.param) + "_" + std::get<1>(info.param); });
+INSTANTIATE_TEST_SUITE_P(Stages, GpuPath,
+                         ::testing::Values("03_gpudirect_write", "04_concurrent", "05_queuing",
+                                           "06_multi_nic", "07_full_p5"),
+                         [](const auto& info) { return info.param; });
 
 // The summary of 04 onward, as one JSON line.
 TEST(Summary, JsonLineCarriesTheFigures) {
