@@ -334,27 +334,22 @@ Summary RunSession(const Options& options, std::span<const uint8_t> peer, wire::
   };
   auto missing = [&] {
     std::string lanes_owed;
-    size_t first = lanes.size();
-    auto next = Clock::time_point::max();
+    std::vector<size_t> owed;  // lanes still owed WRITEs, the one that stopped first at front
     for (size_t lane = 0; lane < lanes.size(); ++lane) {
-      const uint64_t got = lane_seen[lane];
-      if (got >= expected_per_lane[lane]) continue;
+      if (lane_seen[lane] >= expected_per_lane[lane]) continue;
       lanes_owed += std::string(lanes_owed.empty() ? "" : ", ") + "lane " + std::to_string(lane) +
                     " (" + lanes[lane].info->domain_attr->name + ") " +
-                    std::to_string(expected_per_lane[lane] - got) + " of " +
+                    std::to_string(expected_per_lane[lane] - lane_seen[lane]) + " of " +
                     std::to_string(expected_per_lane[lane]);
-      if (first == lanes.size() || lane_moved[lane] < lane_moved[first]) {
-        if (first != lanes.size()) next = std::min(next, lane_moved[first]);
-        first = lane;
-      } else {
-        next = std::min(next, lane_moved[lane]);
-      }
+      owed.push_back(lane);
     }
-    if (first < lanes.size() && next != Clock::time_point::max() &&
-        next - lane_moved[first] > std::chrono::milliseconds(50))
-      lanes_owed += "; lane " + std::to_string(first) + " (" +
-                    lanes[first].info->domain_attr->name + ") stopped first, " +
-                    FormatSeconds(next - lane_moved[first]) +
+    std::sort(owed.begin(), owed.end(),
+              [&](size_t x, size_t y) { return lane_moved[x] < lane_moved[y]; });
+    if (owed.size() > 1 &&
+        lane_moved[owed[1]] - lane_moved[owed[0]] > std::chrono::milliseconds(50))
+      lanes_owed += "; lane " + std::to_string(owed[0]) + " (" +
+                    lanes[owed[0]].info->domain_attr->name + ") stopped first, " +
+                    FormatSeconds(lane_moved[owed[1]] - lane_moved[owed[0]]) +
                     " before the others: its NIC or its path failed (07 does not fail over)";
     return lanes_owed;
   };

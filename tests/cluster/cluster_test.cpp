@@ -140,16 +140,6 @@ TEST(Cluster, FullEngineOnFourNics) {
   }
 }
 
-// Waits until `p` printed `text`, or `limit` passed.
-bool WaitForText(Process& p, const std::string& text, std::chrono::seconds limit) {
-  const auto deadline = std::chrono::steady_clock::now() + limit;
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (p.Output().find(text) != std::string::npos) return true;
-    std::this_thread::sleep_for(50ms);
-  }
-  return false;
-}
-
 // A NIC down for good mid-transfer (07 does not fail over, README.md "When a NIC fails"):
 // the client ends in bounded time, exit 1, naming that NIC's lane as the one that stopped
 // first, with no crash; the server drops the silent client and serves the next one on the
@@ -213,12 +203,12 @@ TEST(Cluster, ClientAndServerKilledMidTransfer) {
   // (1) The client dies.
   {
     Process victim(mc.On("B", long_transfer));
-    ASSERT_TRUE(WaitForText(*server, "client 1 connected", 20s)) << server->Output();
+    ASSERT_TRUE(WaitForOutput(*server, "client 1 connected", 20s)) << server->Output();
     std::this_thread::sleep_for(1s);
     victim.Signal(SIGKILL);  // minicluster exec execs: the process is the client itself
     Result dead = victim.Wait(10s);
     EXPECT_NE(dead.exit_code, 0);
-    ASSERT_TRUE(WaitForText(*server, "client 1 lost: ", 20s)) << server->Output();
+    ASSERT_TRUE(WaitForOutput(*server, "client 1 lost: ", 20s)) << server->Output();
   }
   Result next = RunToEnd(
       mc.On("B", {StageBinary("07_full_p5"), "-p", "tcp", address, "--memory", "host", "--nics",
@@ -228,7 +218,7 @@ TEST(Cluster, ClientAndServerKilledMidTransfer) {
   EXPECT_EQ(NumberAfter(next.out, "\"verified_bytes\":"), 64LL * 65536 * 2) << next.out;
   // (2) The server dies mid-transfer: its client says so and exits 1 within its timeout.
   Process client(mc.On("B", long_transfer));
-  ASSERT_TRUE(WaitForText(*server, "client 3 connected", 20s)) << server->Output();
+  ASSERT_TRUE(WaitForOutput(*server, "client 3 connected", 20s)) << server->Output();
   std::this_thread::sleep_for(1s);
   server->Signal(SIGKILL);
   server->Wait(10s);

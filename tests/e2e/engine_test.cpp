@@ -41,16 +41,6 @@ class Engine : public ::testing::TestWithParam<std::string> {
     args.insert(args.end(), more.begin(), more.end());
     return args;
   }
-  // Waits until `process` printed `text` (true), or `limit` passed.
-  static bool WaitForOutput(Process& process, const std::string& text,
-                            std::chrono::duration<double> limit) {
-    const auto end = std::chrono::steady_clock::now() + limit;
-    while (std::chrono::steady_clock::now() < end) {
-      if (process.Output().find(text) != std::string::npos) return true;
-      std::this_thread::sleep_for(20ms);
-    }
-    return false;
-  }
   // A client started in the background, as the tests' other clients run.
   Process StartClient(const std::string& address, std::vector<std::string> args) const {
     std::vector<std::string> argv = {StageBinary(kStage)};

@@ -6,9 +6,9 @@
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
-#include <cstring>
 
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -140,6 +140,16 @@ TempDir::TempDir() {
 TempDir::~TempDir() {
   std::error_code ec;
   fs::remove_all(path_, ec);
+}
+
+bool WaitForOutput(const Process& process, const std::string& text,
+                   std::chrono::duration<double> limit) {
+  const auto end = Clock::now() + limit;
+  while (Clock::now() < end) {
+    if (process.Output().find(text) != std::string::npos) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return false;
 }
 
 std::string WaitForLine(const std::string& path, std::chrono::duration<double> limit) {

@@ -58,6 +58,9 @@ class TempDir {
 
 // Waits for `path` to hold a whole line and returns it without the newline ("" on timeout).
 std::string WaitForLine(const std::string& path, std::chrono::duration<double> limit);
+// Waits until `process` printed `text` on stdout (true), or `limit` passed (false).
+bool WaitForOutput(const Process& process, const std::string& text,
+                   std::chrono::duration<double> limit);
 
 // The decimal after `key` in `text` (e.g. "verified ", "\"verified_bytes\":"), or -1.
 long long NumberAfter(const std::string& text, const std::string& key);
