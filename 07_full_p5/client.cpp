@@ -234,9 +234,11 @@ Summary RunSession(const Options& options, std::span<const uint8_t> peer, wire::
                      "-byte messages this fabric carries (efa-direct: at most its MTU)");
 
   // Receiving threads: as many as the server's data threads, over the same blocks of lanes.
+  // The topology they pin with is declared first, so it outlives them: an early exit (a
+  // refused CONNECT) joins them in ~Receivers, and one may only be pinning itself then.
+  const Topology topology = Topology::Load();
   Receivers receivers;
   const size_t threads = ThreadsFor(engine.threads, plan, lanes.size());
-  const Topology topology = Topology::Load();
   std::map<const DeviceGroup*, size_t> per_group;
   for (size_t t = 0; t < threads; ++t) {
     auto r = std::make_unique<Receiver>();
