@@ -243,9 +243,7 @@ TEST_P(HostileService, StrangerCannotGuessAKey) {
   // x2.5 steps so that no victim runs 10x too long. A stranger left writing to a victim that
   // has gone waits out each WRITE, so its deadline bounds what a too-short victim costs.
   bool whole_attack = false;
-  const std::vector<int> repeats = provider() == "tcp" ? std::vector<int>{100, 250, 625, 2000}
-                                                       : std::vector<int>{40, 100, 250, 625, 2000};
-  for (int repeat : repeats) {
+  for (int repeat : {100, 250, 625, 2000}) {
     TempDir dir;
     const std::string lanes = dir.path() + "/lanes";
     std::vector<std::string> argv = {StageBinary("07_full_p5")};
@@ -290,7 +288,7 @@ TEST_P(HostileService, TransferLongerThanPeerTimeout) {
                          120s);
     ASSERT_EQ(r.exit_code, 0) << r.out << r.err << server.process().Output();
     EXPECT_EQ(NumberAfter(r.out, "\"verified_bytes\":"), 1024LL * 65536) << r.out;
-    seconds = std::stod(r.out.substr(r.out.find("\"seconds\":") + 10));
+    seconds = DecimalAfter(r.out, "\"seconds\":");
   }
   EXPECT_GT(seconds, 1.5);
   Result done = server.Stop();

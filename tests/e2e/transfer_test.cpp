@@ -115,7 +115,6 @@ TEST_P(Transfer, ClientWithoutServerGivesUpInBoundedTime) {
   EXPECT_LT(took, 10.0);
 }
 
-// GPU memory: runs where there is a GPU; elsewhere the client must answer 77 (skipped).
 // The clock cannot lie: the client times a request from sending it to its last WRITE, so its
 // seconds lie within the process's wall time and cover the server's own (first post to last
 // completion); the rate printed is the bytes over those seconds. A clock started at the first
@@ -133,20 +132,15 @@ TEST_P(Transfer, ReportedRateAgreesWithWallTime) {
   const double expected_bytes = 256.0 * 65536 * 8 * RequestsOf(stage());
   double bytes = 0, seconds = 0, server_seconds = 0;
   if (stage() < "04") {  // 03 prints "received N WRITEs (B bytes) in S s (server: T s)"
-    const std::string& out = r.out;
-    bytes = std::stod(out.substr(out.find("WRITEs (") + 8));
-    seconds = std::stod(out.substr(out.find(" bytes) in ") + 11));
-    server_seconds = std::stod(out.substr(out.find("(server: ") + 9));
-  } else {
-    const std::string json = r.out.substr(r.out.find("{\"bytes\":"));
-    auto number = [&](const std::string& key) {
-      return std::stod(json.substr(json.find("\"" + key + "\":") + key.size() + 3));
-    };
-    bytes = number("bytes");
-    seconds = number("seconds");
-    server_seconds = number("server_seconds");
-    const double gbps = number("gbps");
-    EXPECT_NEAR(gbps, bytes * 8 / seconds / 1e9, gbps * 0.01 + 0.001) << json;
+    bytes = DecimalAfter(r.out, "WRITEs (");
+    seconds = DecimalAfter(r.out, " bytes) in ");
+    server_seconds = DecimalAfter(r.out, "(server: ");
+  } else {  // the JSON line
+    bytes = DecimalAfter(r.out, "\"bytes\":");
+    seconds = DecimalAfter(r.out, "\"seconds\":");
+    server_seconds = DecimalAfter(r.out, "\"server_seconds\":");
+    const double gbps = DecimalAfter(r.out, "\"gbps\":");
+    EXPECT_NEAR(gbps, bytes * 8 / seconds / 1e9, gbps * 0.01 + 0.001) << r.out;
   }
   EXPECT_EQ(bytes, expected_bytes) << r.out;
   EXPECT_GT(seconds, 0) << r.out;
@@ -155,6 +149,7 @@ TEST_P(Transfer, ReportedRateAgreesWithWallTime) {
   EXPECT_EQ(server.Wait().exit_code, 0);
 }
 
+// GPU memory: runs where there is a GPU; elsewhere the client must answer 77 (skipped).
 TEST_P(Transfer, CudaMemoryOrExit77) {
   StageServer server(stage(), provider(), 1, ServerArgs(stage()));
   ASSERT_FALSE(server.address().empty());

@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -170,6 +171,12 @@ long long NumberAfter(const std::string& text, const std::string& key) {
   while (end < text.size() && std::isdigit(static_cast<unsigned char>(text[end]))) ++end;
   if (end == pos) return -1;
   return std::stoll(text.substr(pos, end - pos));
+}
+
+double DecimalAfter(const std::string& text, const std::string& key) {
+  const auto pos = text.rfind(key);
+  if (pos == std::string::npos) return std::nan("");
+  return std::strtod(text.c_str() + pos + key.size(), nullptr);
 }
 
 std::vector<std::string> ProviderArgs(const std::string& provider) {

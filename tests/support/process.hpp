@@ -64,6 +64,9 @@ bool WaitForOutput(const Process& process, const std::string& text,
 
 // The decimal after `key` in `text` (e.g. "verified ", "\"verified_bytes\":"), or -1.
 long long NumberAfter(const std::string& text, const std::string& key);
+// The number, with a fraction or not, after the last `key` in `text` (e.g. " bytes) in ",
+// "\"seconds\":"), or NaN when `key` is not there (every comparison with it then fails).
+double DecimalAfter(const std::string& text, const std::string& key);
 
 // Provider arguments for a test: tcp is pinned to the loopback domain, so nothing leaves
 // this host.
