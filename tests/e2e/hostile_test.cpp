@@ -324,13 +324,19 @@ TEST_P(KilledMidTransfer, NextClientIsServed) {
   if (next.exit_code != 0 && provider() == "shm" && fi_version() < FI_VERSION(2, 0)) {
     // libfabric 1.17's shm: a peer killed while it held the lock of its shared-memory region
     // leaves every later post to it spinning inside the provider, for good (2.x has no such
-    // lock). Nothing the program does can free that thread; SIGTERM still ends the server.
+    // lock). Nothing the program does can free that thread. What must hold then: the next
+    // client gives up in bounded time with its own error, and SIGTERM still ends the server.
+    std::printf("known libfabric 1.17 shm wedge on the dead client's region lock "
+                "(docs/architecture.md): the next client gave up, the server is stopped\n");
+    EXPECT_EQ(next.exit_code, 1) << next.out << next.err;
+    EXPECT_NE(next.err.find(stage() + ": error: "), std::string::npos) << next.err;
+    EXPECT_EQ(next.err.find("signal"), std::string::npos) << next.err;
     server.process().Signal(SIGTERM);
     Result done = server.process().Wait(15s);
     EXPECT_NE(done.err.find("still inside a provider call 5 s after the stop request"),
               std::string::npos)
         << done.out << done.err;
-    GTEST_SKIP() << "libfabric 1.17's shm wedged on the dead client's region lock";
+    return;
   }
   EXPECT_EQ(next.exit_code, 0) << next.out << next.err << server.process().Output();
   EXPECT_EQ(NumberAfter(next.out, "verified "), Verified(stage())) << next.out;
