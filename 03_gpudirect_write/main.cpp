@@ -215,6 +215,8 @@ void PrintHeader(const char* role, const Network& net) {
 // What the server keeps for each connected client.
 struct Client {
   wire::RemoteRegion region;
+  uint32_t session = 0;           // the token its messages carry (docs/wire-protocol.md)
+  Clock::time_point last_seen{};  // its last message, or the end of its last transfer
 };
 
 struct Received {
@@ -292,9 +294,12 @@ int ServerMain(const Options& options) {
   InstallStopHandlers(kProgram);
   Network net = Network::Open(options, {}, ResolveMemory(options.memory));
   PrintHeader("server", net);
-  PublishAddress(net.Address(), options.address_file);
+  const std::vector<uint8_t> own_address = net.Address();
+  PublishAddress(own_address, options.address_file);
   const auto limit =
       std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(options.timeout_s));
+  const auto peer_timeout = std::chrono::duration_cast<Clock::duration>(
+      std::chrono::duration<double>(options.peer_timeout_s));
 
   Mail mail(net, kRecvDepth, kRecvDepth);
   std::map<fi_addr_t, Client> clients;
@@ -364,7 +369,8 @@ int ServerMain(const Options& options) {
   auto left = [&](fi_addr_t client) {
     for (const auto& m : inbox)
       if (m.source == client && m.bytes.size() >= sizeof(wire::Header) &&
-          m.bytes[6] == static_cast<uint8_t>(wire::MessageType::kBye))
+          m.bytes[6] == static_cast<uint8_t>(wire::MessageType::kBye) &&
+          clients.count(client) && wire::TokenOf(m.bytes) == clients[client].session)
         return true;
     return lost.count(client) > 0;
   };
@@ -382,8 +388,12 @@ int ServerMain(const Options& options) {
     }
     for (const auto& [client, why] : lost) drop(client, why);
     lost.clear();
+    for (auto& [client, c] : clients)  // vanished without BYE: its place is not held for good
+      if (Clock::now() - c.last_seen > peer_timeout)
+        lost.emplace(client, "silent for " + std::to_string(options.peer_timeout_s) + " s");
     std::erase_if(departed, [&](const auto& d) {
       if (busy(d.first) && Clock::now() - d.second < limit) return false;
+      mail.Forget(d.first);  // nothing may be posted to an address that left the AV
       fi_av_remove(net.av.get(), const_cast<fi_addr_t*>(&d.first), 1, 0);
       return true;
     });
@@ -392,17 +402,28 @@ int ServerMain(const Options& options) {
       inbox.pop_front();
       const auto name = static_cast<unsigned long long>(m.source);
       const bool known = m.source != FI_ADDR_NOTAVAIL && clients.count(m.source);
+      // A connected client's messages carry its session token: one without it is a
+      // stranger's that the provider credited to this client (docs/wire-protocol.md).
+      const bool genuine = known && wire::TokenOf(m.bytes) == clients[m.source].session;
       wire::Message message;
+      uint32_t token = 0;
       try {
-        message = wire::Decode(m.bytes);
+        message = wire::Decode(m.bytes, &token);
       } catch (const wire::ProtocolError& e) {
-        if (known)
+        if (genuine)
           refuse(m.source, 0, e.what());
         else
           std::printf("dropped a message: %s\n", e.what());
         continue;
       }
-      if (auto* connect = std::get_if<wire::Connect>(&message)) {
+      if (wire::IsServerMessage(message)) {  // answering one could start an endless exchange
+        std::printf("dropped a server's message from %s: a server never answers one\n",
+                    known ? ("client " + std::to_string(name)).c_str() : "a stranger");
+      } else if (auto* connect = std::get_if<wire::Connect>(&message)) {
+        if (connect->lanes[0].address == own_address) {
+          std::printf("dropped a CONNECT that names this server's own address\n");
+          continue;
+        }
         fi_addr_t client = FI_ADDR_UNSPEC;
         try {
           client = net.AddPeerAddress(connect->lanes[0].address);
@@ -411,20 +432,24 @@ int ServerMain(const Options& options) {
           continue;
         }
         departed.erase(client);  // the same address again: it is in use once more
+        mail.Seal(client, token);  // our answers carry the client's own token back
         if (options.max_clients > 0 && !clients.count(client) &&
             clients.size() >= options.max_clients) {
           refuse(client, 0, "server full: " + std::to_string(clients.size()) + " clients");
           departed.emplace(client, Clock::now());
           continue;
         }
-        clients[client] = Client{connect->lanes[0].region};
+        clients[client] = Client{connect->lanes[0].region, wire::NewToken(), Clock::now()};
         std::printf("client %llu connected: region of %llu bytes\n",
                     static_cast<unsigned long long>(client),
                     static_cast<unsigned long long>(connect->lanes[0].region.length));
-        mail.Send(client, wire::Accept{});
+        mail.Send(client, wire::Accept{{}, 0, clients[client].session});
       } else if (!known) {
         std::printf("dropped a message from a sender that did not CONNECT\n");
+      } else if (!genuine) {
+        std::printf("dropped a message for client %llu without its session token\n", name);
       } else if (auto* transfer = std::get_if<wire::Transfer>(&message)) {
+        clients[m.source].last_seen = Clock::now();
         std::unique_ptr<Request> r;
         try {
           wire::ValidateTransfer(*transfer, clients[m.source].region);
@@ -433,6 +458,10 @@ int ServerMain(const Options& options) {
             throw Error("the request would hold " + std::to_string(bytes) +
                         " bytes of source memory, over this server's " +
                         std::to_string(options.client_memory) + " per client (--client-memory)");
+          if (bytes > options.server_memory)
+            throw Error("the request would hold " + std::to_string(bytes) +
+                        " bytes of source memory, over this server's " +
+                        std::to_string(options.server_memory) + " for all (--server-memory)");
           r = PrepareRequest(net, clients[m.source], m.source, std::move(*transfer));
         } catch (const std::exception& e) {  // a bad request, or no memory for it
           refuse(m.source, transfer->request_id, e.what());
@@ -440,6 +469,7 @@ int ServerMain(const Options& options) {
         }
         const std::string why = ServeTransfer(
             net, *r, progress, [&] { return StopRequested() || left(m.source); }, limit);
+        if (clients.count(m.source)) clients[m.source].last_seen = Clock::now();  // it took them
         const wire::Transfer& t = r->transfer;
         if (!why.empty()) {
           std::printf("client %llu: request %u: given up: %s\n", name, t.request_id, why.c_str());
@@ -458,8 +488,6 @@ int ServerMain(const Options& options) {
       } else if (std::holds_alternative<wire::Bye>(message)) {
         std::printf("client %llu done\n", name);
         forget(m.source);
-      } else {
-        refuse(m.source, 0, "unexpected message type");
       }
       std::fflush(stdout);
     }
@@ -527,7 +555,9 @@ int ClientMain(const Options& options) {
   bool accepted = false;
   std::optional<wire::Done> done;
   auto last_progress = Clock::now();
-  auto on_done = [&](Op* op, const fi_cq_data_entry& entry, fi_addr_t) {
+  // Only our server's messages count; anyone else's are dropped and counted.
+  ServerFilter from_server(server, wire::NewToken());
+  auto on_done = [&](Op* op, const fi_cq_data_entry& entry, fi_addr_t source) {
     if (op == nullptr) {  // a remote WRITE landed in our region
       if (entry.data != request.request_id)
         throw Error("a WRITE arrived for unknown request " + std::to_string(entry.data));
@@ -535,16 +565,19 @@ int ClientMain(const Options& options) {
     } else if (op->kind == OpKind::kSend) {
       mail.Sent(op);
     } else if (op->kind == OpKind::kRecv) {
-      wire::Message message = wire::Decode({op->buffer, entry.len});
+      std::optional<wire::Message> message = from_server.Take({op->buffer, entry.len}, source);
       net.PostRecv(*op);
-      if (std::holds_alternative<wire::Accept>(message)) {
+      if (!message) return;
+      if (auto* accept = std::get_if<wire::Accept>(&*message)) {
         accepted = true;
-      } else if (auto* error = std::get_if<wire::ErrorReply>(&message)) {
+        mail.Seal(server, accept->session);  // our TRANSFER and BYE carry it
+      } else if (auto* error = std::get_if<wire::ErrorReply>(&*message)) {
         refused = error->text;
-      } else if (auto* d = std::get_if<wire::Done>(&message)) {
+      } else if (auto* d = std::get_if<wire::Done>(&*message);
+                 d != nullptr && d->request_id == request.request_id && !done) {
         done = *d;
       } else {
-        throw Error("unexpected message from the server");
+        from_server.Ignore("a message that answers nothing we asked");
       }
     }
   };
@@ -565,6 +598,7 @@ int ClientMain(const Options& options) {
   wire::Connect connect;
   connect.lanes.push_back(
       {net.Address(), net.Advertise(region_mr.get(), region.nic_data(), region.size())});
+  mail.Seal(server, from_server.token());  // the server's answers carry it back
   send(connect);
   while (!accepted && refused.empty()) progress();  // our address is in the server's AV now
   const auto start = Clock::now();
@@ -584,6 +618,7 @@ int ClientMain(const Options& options) {
               static_cast<unsigned long long>(arrived * request.page_size), seconds,
               static_cast<double>(done->last_completion_ns - done->first_post_ns) / 1e9,
               static_cast<unsigned long long>(verified));
+  if (from_server.ignored() > 0) std::printf("%s\n", from_server.Describe().c_str());
   return kExitOk;
 }
 

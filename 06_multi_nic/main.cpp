@@ -314,6 +314,8 @@ void PrintHeader(const char* role, const std::vector<Network>& lanes) {
 struct Client {
   std::vector<fi_addr_t> addresses;         // per lane, in that lane's AV
   std::vector<wire::RemoteRegion> regions;  // per lane: the same memory, a key per domain
+  uint32_t session = 0;                     // the token its messages carry (docs/wire-protocol.md)
+  Clock::time_point last_seen{};            // its last message
 };
 
 struct Received {
@@ -412,9 +414,12 @@ int ServerMain(const Options& options) {
   Network& net = lanes[0];  // control messages travel on lane 0
   const WaitMode wait = lanes[0].wait_fd >= 0 ? WaitMode::kBlock : WaitMode::kSpin;
   PrintHeader("server", lanes);
-  PublishAddress(net.Address(), options.address_file);
+  const std::vector<uint8_t> own_address = net.Address();
+  PublishAddress(own_address, options.address_file);
   const auto limit =
       std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(options.timeout_s));
+  const auto peer_timeout = std::chrono::duration_cast<Clock::duration>(
+      std::chrono::duration<double>(options.peer_timeout_s));
 
   Mail mail(net, kRecvDepth, kRecvDepth);
   std::map<fi_addr_t, Client> clients;
@@ -528,6 +533,12 @@ int ServerMain(const Options& options) {
       return "its requests would hold " + std::to_string(bytes) +
              " bytes of source memory, over this server's " +
              std::to_string(options.client_memory) + " per client (--client-memory)";
+    uint64_t all = t.pages.size() * t.page_size;
+    for (const auto& r : active) all += r->source.size();
+    if (all > options.server_memory)
+      return "the server's requests would hold " + std::to_string(all) +
+             " bytes of source memory, over its " + std::to_string(options.server_memory) +
+             " for all clients (--server-memory)";
     return "";
   };
   // shm (libfabric 1.17) crashes the next client if we remove the entry of a lane that only
@@ -569,8 +580,16 @@ int ServerMain(const Options& options) {
       }
       it = active.erase(it);
     }
+    for (auto& [client, c] : clients) {  // vanished without BYE: its place is not held for good
+      Clock::time_point last = c.last_seen;
+      for (const auto& r : active)
+        if (r->client == client) last = std::max(last, r->last_completion);
+      if (Clock::now() - last > peer_timeout)
+        lost.emplace(client, "silent for " + std::to_string(options.peer_timeout_s) + " s");
+    }
     std::erase_if(departed, [&](const auto& d) {
       if (busy(d.first) && Clock::now() - d.second.second < limit) return false;
+      mail.Forget(d.first);  // nothing may be posted to an address that left the AV
       std::vector<fi_addr_t> gone = d.second.first.addresses;
       for (size_t l = 0; l < gone.size(); ++l)
         if (l == 0 || !shm) fi_av_remove(lanes[l].av.get(), &gone[l], 1, 0);
@@ -588,17 +607,28 @@ int ServerMain(const Options& options) {
       inbox.pop_front();
       const auto name = static_cast<unsigned long long>(m.source);
       const bool known = m.source != FI_ADDR_NOTAVAIL && clients.count(m.source);
+      // A connected client's messages carry its session token: one without it is a
+      // stranger's that the provider credited to this client (docs/wire-protocol.md).
+      const bool genuine = known && wire::TokenOf(m.bytes) == clients[m.source].session;
       wire::Message message;
+      uint32_t token = 0;
       try {
-        message = wire::Decode(m.bytes);
+        message = wire::Decode(m.bytes, &token);
       } catch (const wire::ProtocolError& e) {
-        if (known)
+        if (genuine)
           refuse(m.source, 0, e.what());
         else
           std::printf("dropped a message: %s\n", e.what());
         continue;
       }
-      if (auto* connect = std::get_if<wire::Connect>(&message)) {
+      if (wire::IsServerMessage(message)) {  // answering one could start an endless exchange
+        std::printf("dropped a server's message from %s: a server never answers one\n",
+                    known ? ("client " + std::to_string(name)).c_str() : "a stranger");
+      } else if (auto* connect = std::get_if<wire::Connect>(&message)) {
+        if (connect->lanes[0].address == own_address) {
+          std::printf("dropped a CONNECT that names this server's own address\n");
+          continue;
+        }
         // Lane i of the client pairs with lane i of the server; extra lanes go unused.
         Client client;
         const size_t used = std::min(lanes.size(), connect->lanes.size());
@@ -615,20 +645,26 @@ int ServerMain(const Options& options) {
         }
         const fi_addr_t id = client.addresses[0];
         departed.erase(id);  // the same address again: it is in use once more
+        mail.Seal(id, token);  // our answers carry the client's own token back
         if (options.max_clients > 0 && !clients.count(id) &&
             clients.size() >= options.max_clients) {
           refuse(id, 0, "server full: " + std::to_string(clients.size()) + " clients");
           departed[id] = {std::move(client), Clock::now()};
           continue;
         }
+        client.session = wire::NewToken();
+        client.last_seen = Clock::now();
         clients[id] = std::move(client);
         std::printf("client %llu connected: region of %llu bytes, %zu lanes\n",
                     static_cast<unsigned long long>(id),
                     static_cast<unsigned long long>(connect->lanes[0].region.length), used);
-        mail.Send(id, wire::Accept{});
+        mail.Send(id, wire::Accept{{}, 0, clients[id].session});
       } else if (!known) {
         std::printf("dropped a message from a sender that did not CONNECT\n");
+      } else if (!genuine) {
+        std::printf("dropped a message for client %llu without its session token\n", name);
       } else if (auto* transfer = std::get_if<wire::Transfer>(&message)) {
+        clients[m.source].last_seen = Clock::now();
         std::string why;
         try {
           for (const auto& region : clients[m.source].regions)
@@ -645,8 +681,6 @@ int ServerMain(const Options& options) {
       } else if (std::holds_alternative<wire::Bye>(message)) {
         std::printf("client %llu done\n", name);
         forget(m.source);
-      } else {
-        refuse(m.source, 0, "unexpected message type");
       }
       std::fflush(stdout);
     }
@@ -733,7 +767,17 @@ int ClientMain(const Options& options) {
   std::string refused;
   bool accepted = false;
   auto last_progress = Clock::now();
-  auto on_done = [&](Op* op, const fi_cq_data_entry& entry, fi_addr_t) {
+  // Only our server's messages count; anyone else's are dropped and counted. Each request is
+  // answered once (DONE or ERROR): a second answer, or one for a request we never made, is no
+  // answer of our server's.
+  ServerFilter from_server(server, wire::NewToken());
+  std::vector<bool> answered(requests.size() + 1, false);
+  auto answers = [&](uint32_t id) {
+    if (id == 0 || id > requests.size() || answered[id]) return false;
+    answered[id] = true;
+    return true;
+  };
+  auto on_done = [&](Op* op, const fi_cq_data_entry& entry, fi_addr_t source) {
     if (op == nullptr) {  // a remote WRITE landed in our region
       if (entry.data == 0 || entry.data > requests.size())
         throw Error("a WRITE arrived for unknown request " + std::to_string(entry.data));
@@ -743,15 +787,18 @@ int ClientMain(const Options& options) {
     } else if (op->kind == OpKind::kSend) {
       mail.Sent(op);
     } else if (op->kind == OpKind::kRecv) {
-      wire::Message message = wire::Decode({op->buffer, entry.len});
+      std::optional<wire::Message> message = from_server.Take({op->buffer, entry.len}, source);
       net.PostRecv(*op);
-      if (std::holds_alternative<wire::Accept>(message)) {
+      if (!message) return;
+      if (auto* accept = std::get_if<wire::Accept>(&*message); accept != nullptr && !accepted) {
         accepted = true;
-      } else if (auto* d = std::get_if<wire::Done>(&message)) {
+        mail.Seal(server, accept->session);  // our TRANSFERs and BYE carry it
+      } else if (auto* d = std::get_if<wire::Done>(&*message); d && answers(d->request_id)) {
         ++done_count;
         server_first = std::min(server_first, d->first_post_ns);
         server_last = std::max(server_last, d->last_completion_ns);
-      } else if (auto* error = std::get_if<wire::ErrorReply>(&message)) {
+      } else if (auto* error = std::get_if<wire::ErrorReply>(&*message);
+                 error && (error->request_id == 0 || answers(error->request_id))) {
         if (refused.empty())
           refused = "request " + std::to_string(error->request_id) + ": " + error->text;
         // The other requests are still being written: wait for them before saying BYE.
@@ -760,7 +807,7 @@ int ClientMain(const Options& options) {
           ++refused_count;
         }
       } else {
-        throw Error("unexpected message from the server");
+        from_server.Ignore("a message that answers nothing we asked");
       }
     }
   };
@@ -788,6 +835,7 @@ int ClientMain(const Options& options) {
     connect.lanes.push_back(
         {lanes[l].Address(),
          lanes[l].Advertise(region_mrs[l].get(), region.nic_data(), region.size())});
+  mail.Seal(server, from_server.token());  // the server's answers carry it back
   send(connect);
   while (!accepted && refused.empty()) progress();  // our address is in the server's AV now
   if (!accepted) throw Error("the server refused the connection: " + refused);
@@ -827,7 +875,9 @@ int ClientMain(const Options& options) {
   const std::string problem =
       ClockProblem(summary, std::chrono::duration<double>(Clock::now() - began).count());
   if (!problem.empty()) throw Error("figures that cannot be true: " + problem);
+  summary.ignored_messages = from_server.ignored();
   PrintSummary(summary, options.json);
+  if (from_server.ignored() > 0) std::printf("%s\n", from_server.Describe().c_str());
   return kExitOk;
 }
 

@@ -285,24 +285,40 @@ Summary RunSession(const Options& options, std::span<const uint8_t> peer, wire::
       std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(options.timeout_s));
   auto last_progress = Clock::now();
   uint64_t seen = 0;
-  auto on_done = [&](Op* op, const fi_cq_data_entry& entry, fi_addr_t) {
+  // Only our server's messages count: whoever reaches our control endpoint can send it
+  // anything, and it is dropped and counted. Each request is answered once (DONE or ERROR): a
+  // second answer, or one for a request we never made, is no answer of our server's.
+  ServerFilter from_server(server, wire::NewToken());
+  std::vector<bool> answered(requests.size() + 1, false);
+  bool warmup_answered = false;
+  auto answers = [&](uint32_t id) {
+    if (id == kWarmupRequest) return warm && !std::exchange(warmup_answered, true);
+    if (id == 0 || id > requests.size() || answered[id]) return false;
+    answered[id] = true;
+    return true;
+  };
+  auto on_done = [&](Op* op, const fi_cq_data_entry& entry, fi_addr_t source) {
     if (op == nullptr) return;  // the control endpoint receives no WRITEs
     if (op->kind == OpKind::kSend) {
       mail.Sent(op);
       return;
     }
-    wire::Message message = wire::Decode({op->buffer, entry.len});
+    std::optional<wire::Message> message =
+        from_server.Take({op->buffer, entry.len}, control.source ? source : FI_ADDR_UNSPEC);
     control.PostRecv(*op);
-    if (auto* accept = std::get_if<wire::Accept>(&message)) {
+    if (!message) return;
+    if (auto* accept = std::get_if<wire::Accept>(&*message); accept != nullptr && !accepted) {
       accepted = true;
       setup_ns = accept->setup_ns;
-    } else if (auto* d = std::get_if<wire::Done>(&message)) {
+      mail.Seal(server, accept->session);  // our requests and BYE carry it
+    } else if (auto* d = std::get_if<wire::Done>(&*message); d && answers(d->request_id)) {
       if (d->request_id == kWarmupRequest) return;
       ++done_count;
       served.first_post_ns = std::min(served.first_post_ns, d->first_post_ns);
       served.last_completion_ns = std::max(served.last_completion_ns, d->last_completion_ns);
       served.fill_ns += d->fill_ns;
-    } else if (auto* error = std::get_if<wire::ErrorReply>(&message)) {
+    } else if (auto* error = std::get_if<wire::ErrorReply>(&*message);
+               error && (!accepted || error->request_id == 0 || answers(error->request_id))) {
       if (!accepted) throw Error("the server refused the connection: " + error->text);
       if (refused.empty())
         refused =
@@ -315,7 +331,7 @@ Summary RunSession(const Options& options, std::span<const uint8_t> peer, wire::
         ++refused_count;
       }
     } else {
-      throw Error("unexpected message from the server");
+      from_server.Ignore("a message that answers nothing we asked");
     }
   };
   auto on_error = [&](Op*, const CompletionError& error) {
@@ -395,6 +411,7 @@ Summary RunSession(const Options& options, std::span<const uint8_t> peer, wire::
     for (size_t l = 1; l < connect.lanes.size() && l < claimed.size(); ++l)
       connect.lanes[l].address = claimed[l];
   }
+  mail.Seal(server, from_server.token());  // the server's answers carry it back
   send(connect);
   while (!accepted) progress();  // our address is in the server's AV now
   if (warm) {
@@ -459,6 +476,8 @@ Summary RunSession(const Options& options, std::span<const uint8_t> peer, wire::
   summary.memory_why = control.memory.why;
   summary.server_setup_seconds = static_cast<double>(setup_ns) / 1e9;
   summary.server_fill_seconds = static_cast<double>(served.fill_ns) / 1e9;
+  summary.ignored_messages = from_server.ignored();
+  if (print && from_server.ignored() > 0) std::printf("%s\n", from_server.Describe().c_str());
   const std::string problem =
       ClockProblem(summary, std::chrono::duration<double>(Clock::now() - began).count());
   if (!problem.empty()) throw Error("figures that cannot be true: " + problem);

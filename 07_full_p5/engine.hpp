@@ -223,6 +223,9 @@ struct SharedState {
 };
 // Everything the server holds for one client, freed when the client goes.
 struct Session : service::Session {
+  ~Session() override {
+    if (reserved != nullptr) *reserved -= reservation;
+  }
   bool On(uint32_t flag) const { return engine.flags & flag; }
   std::vector<std::vector<uint8_t>> Writers() const override;
   std::string Describe() const override;
@@ -247,6 +250,8 @@ struct Session : service::Session {
   std::mutex mutex;  // guards failure and finished
   std::string failure;
   std::vector<wire::Done> finished;
+  std::atomic<uint64_t>* reserved = nullptr;  // the engine's count of all sessions' memory
+  uint64_t reservation = 0;                   // this session's part of it
 };
 // The data thread (engine.cpp).
 void RunWorker(Worker& w);
@@ -266,6 +271,7 @@ class Engine : public service::Engine {
   const Topology& topology_;
   WaitMode wait_;
   MemoryPath memory_;
+  std::atomic<uint64_t> reserved_{0};  // source memory of all open sessions (--server-memory)
 };
 
 // The client (client.cpp).

@@ -1,5 +1,7 @@
 #include "service.hpp"
 
+#include <malloc.h>
+
 #include <cstdio>
 #include <deque>
 #include <map>
@@ -32,6 +34,7 @@ struct Client {
   std::vector<std::vector<uint8_t>> lanes;  // its lane addresses: nobody else may claim them
   std::vector<wire::RemoteRegion> regions;  // per lane
   std::unique_ptr<Session> session;
+  uint32_t session_token = 0;  // its messages carry it (docs/wire-protocol.md, "Tokens")
   size_t open_requests = 0;
   bool leaving = false;  // said BYE: its open requests finish, then it goes
   Clock::time_point last_message, leaving_since{};
@@ -52,7 +55,8 @@ std::string Seconds(double s) {
 
 int Serve(const Options& options, const fi_info& control, WaitMode wait, Engine& engine) {
   Endpoint net = Endpoint::Open(control, wait == WaitMode::kBlock);
-  PublishAddress(net.Address(), options.address_file);
+  const std::vector<uint8_t> own_address = net.Address();
+  PublishAddress(own_address, options.address_file);
   const auto limit =
       std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(options.timeout_s));
   const auto peer_timeout = std::chrono::duration_cast<Clock::duration>(
@@ -116,6 +120,7 @@ int Serve(const Options& options, const fi_info& control, WaitMode wait, Engine&
     departed[c.control] = Clock::now();
     clients.erase(it);
     ++served;
+    malloc_trim(0);  // what the session's endpoints and queues took goes back to the system
   };
 
   while (!StopRequested() && (options.exit_after == 0 || served < options.exit_after)) {
@@ -158,7 +163,10 @@ int Serve(const Options& options, const fi_info& control, WaitMode wait, Engine&
     }
     std::erase_if(departed, [&](const auto& d) {
       if (mail.Busy(d.first) && Clock::now() - d.second < limit) return false;
-      if (!by_source.count(d.first)) net.Remove(d.first);
+      if (!by_source.count(d.first)) {
+        mail.Forget(d.first);  // nothing may be posted to an address that left the AV
+        net.Remove(d.first);
+      }
       return true;
     });
     std::fflush(stdout);
@@ -174,21 +182,32 @@ int Serve(const Options& options, const fi_info& control, WaitMode wait, Engine&
       inbox.pop_front();
       auto known = m.source == FI_ADDR_NOTAVAIL ? by_source.end() : by_source.find(m.source);
       Client* c = known == by_source.end() ? nullptr : &clients.at(known->second);
+      // A connected client's messages carry its session token: one without it is a
+      // stranger's that the provider credited to this client (docs/wire-protocol.md).
+      const bool genuine = c != nullptr && wire::TokenOf(m.bytes) == c->session_token;
       wire::Message message;
+      uint32_t token = 0;
       try {
-        message = wire::Decode(m.bytes);
+        message = wire::Decode(m.bytes, &token);
       } catch (const wire::ProtocolError& e) {
-        if (c != nullptr)
+        if (genuine)
           refuse(c->control, c->number, 0, e.what());
         else
           std::printf("dropped a message: %s\n", e.what());
         continue;
       }
-      if (c != nullptr) c->last_message = Clock::now();
-      if (auto* connect = std::get_if<wire::Connect>(&message)) {
+      if (genuine) c->last_message = Clock::now();
+      if (wire::IsServerMessage(message)) {  // answering one could start an endless exchange
+        std::printf("dropped a server's message from %s: a server never answers one\n",
+                    c ? ("client " + std::to_string(c->number)).c_str() : "a stranger");
+      } else if (auto* connect = std::get_if<wire::Connect>(&message)) {
         const uint64_t number = ++arrivals;
         const std::vector<uint8_t> reply =
             connect->reply.empty() ? connect->lanes[0].address : connect->reply;
+        if (reply == own_address) {
+          std::printf("dropped a CONNECT that names this server's own address\n");
+          continue;
+        }
         // Whoever names a connected client's control address cannot be answered without
         // answering that client: dropped. Whoever names its lanes would have us write into
         // its region with its keys: refused.
@@ -224,6 +243,7 @@ int Serve(const Options& options, const fi_info& control, WaitMode wait, Engine&
         departed.erase(id);
         if (auto old = by_source.find(id); old != by_source.end())  // an address reused
           close(old->second, "lost: replaced by a new CONNECT from its address");
+        mail.Seal(id, token);  // our answers carry the client's own token back
         if (!claim.empty()) {
           refuse(id, number, 0, claim);
           departed[id] = Clock::now();
@@ -255,15 +275,19 @@ int Serve(const Options& options, const fi_info& control, WaitMode wait, Engine&
           client.regions.push_back(lane.region);
         }
         client.session = std::move(session);
+        client.session_token = wire::NewToken();
         client.last_message = Clock::now();
         by_source[id] = number;
         std::printf("client %llu connected: region of %llu bytes, %s; set-up %.1f ms\n",
                     static_cast<unsigned long long>(number),
                     static_cast<unsigned long long>(connect->lanes[0].region.length),
                     client.session->Describe().c_str(), static_cast<double>(setup_ns) / 1e6);
-        mail.Send(id, wire::Accept{client.session->Writers(), setup_ns});
+        mail.Send(id, wire::Accept{client.session->Writers(), setup_ns, client.session_token});
       } else if (c == nullptr) {
         std::printf("dropped a message from a sender that did not CONNECT\n");
+      } else if (!genuine) {
+        std::printf("dropped a message for client %llu without its session token\n",
+                    static_cast<unsigned long long>(c->number));
       } else if (auto* transfer = std::get_if<wire::Transfer>(&message)) {
         // A request names pages of its sender's region: the one its CONNECT advertised.
         std::string why;
@@ -287,8 +311,6 @@ int Serve(const Options& options, const fi_info& control, WaitMode wait, Engine&
         // Its open requests finish first (bounded by --timeout); nothing waits for them here.
         c->leaving = true;
         c->leaving_since = Clock::now();
-      } else {
-        refuse(c->control, c->number, 0, "unexpected message type");
       }
       std::fflush(stdout);
     }

@@ -183,6 +183,14 @@ std::unique_ptr<service::Session> Engine::Open(const wire::Connect& connect) {
     throw Error("it asks for " + std::to_string(s->engine.memory * used) +
                 " bytes of source memory, over this server's " +
                 std::to_string(options_.client_memory) + " per client (--client-memory)");
+  const uint64_t asked = s->engine.memory * used;
+  if (reserved_ + asked > options_.server_memory)
+    throw Error("it asks for " + std::to_string(asked) + " bytes of source memory, and the " +
+                "sessions open hold " + std::to_string(reserved_.load()) + " of this server's " +
+                std::to_string(options_.server_memory) + " for all (--server-memory)");
+  reserved_ += asked;
+  s->reserved = &reserved_;
+  s->reservation = asked;
   s->wait = wait_;
   s->peer_timeout_s = options_.peer_timeout_s;
   s->memory = memory_;

@@ -15,7 +15,10 @@
 #include <chrono>
 #include <cstring>
 #include <deque>
+#include <map>
+#include <optional>
 #include <set>
+#include <string>
 #include <vector>
 
 #include "error.hpp"
@@ -48,10 +51,16 @@ class Mailbox {
     for (auto& op : sends_) free_.push_back(&op);
   }
 
-  // Queues `message` for `dest`; Flush() posts it.
+  // Queues `message` for `dest`; Flush() posts it. It carries the token sealed for `dest`.
   void Send(fi_addr_t dest, const wire::Message& message) {
-    outbox_.push_back({dest, wire::Encode(message), Clock::now()});
+    const auto token = tokens_.find(dest);
+    outbox_.push_back(
+        {dest, wire::Encode(message, token == tokens_.end() ? 0 : token->second), Clock::now()});
   }
+
+  // Every message to `dest` from now on carries `token` (docs/wire-protocol.md, "Tokens"),
+  // until Forget(dest).
+  void Seal(fi_addr_t dest, uint32_t token) { tokens_[dest] = token; }
 
   // Posts queued messages, oldest first, while send buffers are free and the provider takes
   // them, keeping each peer's messages in order. Returns the peers whose oldest message has
@@ -75,17 +84,26 @@ class Mailbox {
   // A send completed (or failed): its buffer is free again.
   void Sent(Op* op) { free_.push_back(op); }
 
-  // Drops what is still queued for `peer`.
+  // Drops what is still queued for `peer`, and its token.
   void Forget(fi_addr_t peer) {
     std::erase_if(outbox_, [peer](const Outgoing& m) { return m.dest == peer; });
+    tokens_.erase(peer);
   }
 
   // Whether something of ours is queued for, or on its way to, `peer`.
-  bool Busy(fi_addr_t peer) const {
-    for (const auto& m : outbox_)
-      if (m.dest == peer) return true;
+  bool Busy(fi_addr_t peer) const { return Queued(peer) || Posted(peer); }
+
+  // Whether a send of ours to `peer` is in the provider, not yet completed: while one is, the
+  // peer must stay in the AV (a provider completing it for a removed address can crash).
+  bool Posted(fi_addr_t peer) const {
     for (const auto& op : sends_)
       if (op.peer == peer && std::find(free_.begin(), free_.end(), &op) == free_.end()) return true;
+    return false;
+  }
+
+  bool Queued(fi_addr_t peer) const {
+    for (const auto& m : outbox_)
+      if (m.dest == peer) return true;
     return false;
   }
 
@@ -122,6 +140,56 @@ class Mailbox {
   std::vector<Op*> free_;
   std::deque<Outgoing> outbox_;
   std::set<fi_addr_t> refused_;
+  std::map<fi_addr_t, uint32_t> tokens_;
+};
+
+// What a client takes from the network: its server's messages only (docs/wire-protocol.md,
+// "Tokens"). Whoever reaches the client's endpoint can send it anything; a message that does
+// not come from the server's address (where the provider names the sender), does not decode,
+// or does not carry the client's token is dropped and counted, never acted on.
+class ServerFilter {
+ public:
+  ServerFilter(fi_addr_t server, uint32_t token) : server_(server), token_(token) {}
+  uint32_t token() const { return token_; }
+
+  // The message, or nothing when it is not our server's. `source`: FI_ADDR_UNSPEC when the
+  // endpoint does not name senders.
+  std::optional<wire::Message> Take(std::span<const uint8_t> bytes, fi_addr_t source) {
+    if (source != FI_ADDR_UNSPEC && source != server_) {
+      Ignore("from another address than our server's");
+      return std::nullopt;
+    }
+    try {
+      uint32_t token = 0;
+      wire::Message message = wire::Decode(bytes, &token);
+      if (token != token_) {
+        Ignore("without our token");
+        return std::nullopt;
+      }
+      return message;
+    } catch (const wire::ProtocolError& e) {
+      Ignore(std::string("that does not decode (") + e.what() + ")");
+      return std::nullopt;
+    }
+  }
+  // A message of our server's that we drop all the same: it names a request we never made.
+  void Ignore(const std::string& why) {
+    ++ignored_;
+    last_ = why;
+  }
+  uint64_t ignored() const { return ignored_; }
+  // "" when nothing was ignored, else the line a client prints about it.
+  std::string Describe() const {
+    if (ignored_ == 0) return "";
+    return "ignored " + std::to_string(ignored_) +
+           " messages that were not our server's (the last: " + last_ + ")";
+  }
+
+ private:
+  fi_addr_t server_;
+  uint32_t token_;
+  uint64_t ignored_ = 0;
+  std::string last_;
 };
 
 }  // namespace common

@@ -124,9 +124,14 @@ void AddOptions(CLI::App& app, Options& o, unsigned groups) {
   if (groups & kTransferOptions) {
     AddSize(app, "--client-memory", &o.client_memory,
             "Server: source memory a client's requests may hold at once; more is refused");
+    AddSize(app, "--server-memory", &o.server_memory,
+            "Server: source memory all clients' requests may hold at once; more is refused");
     AddSize(app, "--max-clients", &o.max_clients,
             "Server: clients connected at once; one more is refused with an ERROR (0: no limit)",
             "N");
+    AddSeconds(app, "--peer-timeout", &o.peer_timeout_s,
+               "Server: drop a connected client with no sign of life (no message, no WRITE "
+               "completed) for this long");
     app.add_option_function<std::string>(
            "--memory",
            [&o](const std::string& m) {
@@ -221,9 +226,6 @@ void AddOptions(CLI::App& app, Options& o, unsigned groups) {
            "Client: the server's memory is not bound to its threads' NUMA nodes");
     app.add_flag("--ladder", o.ladder,
                  "Client: run once per rung of the optimization ladder, one table row each");
-    AddSeconds(app, "--peer-timeout", &o.peer_timeout_s,
-               "Server: give up on a client with no sign of life (no message, no WRITE "
-               "completed) for this long");
     app.add_option("--test-claim", o.test_claim,
                    "Test only: CONNECT with the lane addresses in this file (another client's, "
                    "written by its --address-file); the server must refuse")

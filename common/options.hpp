@@ -38,6 +38,7 @@ struct Options {
   uint64_t requests = 4;                // TRANSFER requests in flight per client (04 onward)
   uint64_t max_requests = 64;           // server: requests in flight per client, at most
   uint64_t client_memory = 1ull << 30;  // server: source memory per client, at most
+  uint64_t server_memory = 4ull << 30;  // server: source memory of all clients, at most
   double link_gbps = 0;                 // 0: sum of the link speeds libfabric reports
   uint64_t warmup = 0;
   // Lanes (06 onward)
@@ -53,7 +54,7 @@ struct Options {
   bool lazy = true;        // --eager-post
   bool numa = true;        // --no-numa
   bool ladder = false;
-  double peer_timeout_s = 10;  // server: a client silent this long while it is owed WRITEs
+  double peer_timeout_s = 10;  // server: a connected client silent this long is dropped (03 on)
   // Test-only switches, to prove that errors are caught.
   bool test_bad_page = false;
   bool test_corrupt = false;
@@ -65,12 +66,13 @@ enum OptionGroup : unsigned {
   kServeOptions = 1u << 0,     // -p, --fabric, --domain, --address-file, --exit-after,
                                // --timeout
   kTextOptions = 1u << 1,      // positional TEXT
-  kTransferOptions = 1u << 2,  // --max-clients, --client-memory, --memory, --gpu-path, -S,
-                               // --pages, --repeat, --seed, test switches
+  kTransferOptions = 1u << 2,  // --max-clients, --client-memory, --server-memory,
+                               // --peer-timeout, --memory, --gpu-path, -S, --pages,
+                               // --repeat, --seed, test switches
   kWindowOptions = 1u << 3,    // -W, --requests, --json, --link-gbps, --max-requests
   kWarmupOptions = 1u << 4,    // -w
   kLaneOptions = 1u << 5,      // --nics, --wait
-  kEngineOptions = 1u << 6,    // 07's switches, --ladder, --peer-timeout
+  kEngineOptions = 1u << 6,    // 07's switches, --ladder
 };
 
 // Adds the groups' options to `app`, storing into `options`.

@@ -1,6 +1,7 @@
 #include "protocol.hpp"
 
 #include <cstring>
+#include <random>
 #include <type_traits>
 
 namespace common::wire {
@@ -58,7 +59,7 @@ void CheckAtMost(T value, T limit, const char* field) {
 
 }  // namespace
 
-std::vector<uint8_t> Encode(const Message& message) {
+std::vector<uint8_t> Encode(const Message& message, uint32_t token) {
   Writer w;
   w.Put(Header{});
   uint16_t type = 0;
@@ -96,6 +97,8 @@ std::vector<uint8_t> Encode(const Message& message) {
       w.PutBytes(address);
     }
     w.Put(a->setup_ns);
+    w.Put(a->session);
+    w.Put(uint32_t{0});
   } else if (auto* d = std::get_if<Done>(&message)) {
     type = static_cast<uint16_t>(MessageType::kDone);
     w.Put(d->request_id);
@@ -107,7 +110,7 @@ std::vector<uint8_t> Encode(const Message& message) {
   } else {
     type = static_cast<uint16_t>(MessageType::kBye);
   }
-  Header h{kMagic, kVersion, type, static_cast<uint32_t>(w.bytes.size()), 0};
+  Header h{kMagic, kVersion, type, static_cast<uint32_t>(w.bytes.size()), token};
   std::memcpy(w.bytes.data(), &h, sizeof(h));
   if (w.bytes.size() > kMaxMessageBytes)
     throw ProtocolError("message of " + std::to_string(w.bytes.size()) +
@@ -115,9 +118,10 @@ std::vector<uint8_t> Encode(const Message& message) {
   return std::move(w.bytes);
 }
 
-Message Decode(std::span<const uint8_t> bytes) {
+Message Decode(std::span<const uint8_t> bytes, uint32_t* token) {
   Reader r(bytes);
   const auto h = r.Get<Header>("header");
+  if (token != nullptr) *token = h.token;
   if (h.magic != kMagic) throw ProtocolError("wrong magic " + std::to_string(h.magic));
   if (h.version != kVersion)
     throw ProtocolError("unsupported version " + std::to_string(h.version));
@@ -199,6 +203,9 @@ Message Decode(std::span<const uint8_t> bytes) {
         a.writers.emplace_back(address.begin(), address.end());
       }
       a.setup_ns = r.Get<uint64_t>("setup time");
+      a.session = r.Get<uint32_t>("session token");
+      if (a.session == 0) throw ProtocolError("session token 0");
+      r.Get<uint32_t>("padding");
       r.ExpectEnd();
       return a;
     }
@@ -217,6 +224,25 @@ Message Decode(std::span<const uint8_t> bytes) {
     }
   }
   throw ProtocolError("unknown message type " + std::to_string(h.type));
+}
+
+uint32_t TokenOf(std::span<const uint8_t> bytes) {
+  if (bytes.size() < sizeof(Header)) return 0;
+  Header h;
+  std::memcpy(&h, bytes.data(), sizeof(h));
+  return h.token;
+}
+
+uint32_t NewToken() {
+  static thread_local std::mt19937 random{std::random_device{}()};
+  uint32_t token = 0;
+  while (token == 0) token = static_cast<uint32_t>(random());
+  return token;
+}
+
+bool IsServerMessage(const Message& message) {
+  return std::holds_alternative<Accept>(message) || std::holds_alternative<ErrorReply>(message) ||
+         std::holds_alternative<Done>(message);
 }
 
 void ValidateTransfer(const Transfer& t, const RemoteRegion& region) {

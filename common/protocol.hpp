@@ -15,7 +15,7 @@
 namespace common::wire {
 
 inline constexpr uint32_t kMagic = 0x50444d52;  // "RMDP" on the wire, little-endian
-inline constexpr uint16_t kVersion = 1;
+inline constexpr uint16_t kVersion = 2;  // 2: the header carries a token
 
 // Limits a receiver enforces (and a sender respects).
 inline constexpr size_t kMaxMessageBytes = 64 * 1024;  // every receive buffer has this size
@@ -36,12 +36,18 @@ enum class MessageType : uint16_t {
   kDone = 6
 };
 
+// `token` says whom a message is for, so that a receiver can tell its peer's messages from a
+// stranger's even where the provider names no trustworthy sender (shm in libfabric 1.17 credits
+// a stranger's messages to a connected peer): a CONNECT carries the client's own random token,
+// which every answer of the server's to it carries back; ACCEPT gives the client the session's
+// token, which its TRANSFERs and BYE carry. Neither is a secret from whoever reads the wire:
+// they keep out strangers that only reach an endpoint, not eavesdroppers.
 struct Header {
   uint32_t magic;
   uint16_t version;
   uint16_t type;
   uint32_t length;  // of the whole message, header included
-  uint32_t reserved;
+  uint32_t token;
 };
 static_assert(sizeof(Header) == 16);
 
@@ -110,6 +116,7 @@ struct Bye {};
 struct Accept {
   std::vector<std::vector<uint8_t>> writers;  // empty before 07
   uint64_t setup_ns = 0;  // 07: what opening the session cost the server (endpoints, memory)
+  uint32_t session = 0;   // the token the client's later messages carry (never 0)
 };
 
 // A request the server has finished: its first WRITE posted and its last completed, in the
@@ -131,10 +138,22 @@ class ProtocolError : public Error {
   explicit ProtocolError(const std::string& what) : Error(what) {}
 };
 
-std::vector<uint8_t> Encode(const Message& message);
+// `token` goes into the header (see Header).
+std::vector<uint8_t> Encode(const Message& message, uint32_t token = 0);
 
-// Checks header, type, lengths and counts; throws ProtocolError.
-Message Decode(std::span<const uint8_t> bytes);
+// Checks header, type, lengths and counts; throws ProtocolError. `token`, when given, receives
+// the header's token.
+Message Decode(std::span<const uint8_t> bytes, uint32_t* token = nullptr);
+
+// The header's token of `bytes`, without decoding the rest; 0 when they hold no header.
+uint32_t TokenOf(std::span<const uint8_t> bytes);
+
+// A random token for a CONNECT or a session, never 0 (what a message without one carries).
+uint32_t NewToken();
+
+// The messages only a server sends. A server never answers one (two servers, or a server and
+// a CONNECT naming its own address, would otherwise answer each other's answers for ever).
+bool IsServerMessage(const Message& message);
 
 // Checks a transfer against limits and against the region the client advertised.
 void ValidateTransfer(const Transfer& transfer, const RemoteRegion& region);

@@ -36,12 +36,14 @@ std::string FormatSummary(const Summary& s, bool json) {
                   "{\"bytes\":%llu,\"writes\":%llu,\"seconds\":%.6f,\"server_seconds\":%.6f,"
                   "\"gbps\":%.3f,\"link_gbps\":%.3f,\"percent_of_link\":%.2f,\"mpps\":%.4f,"
                   "\"verified_bytes\":%llu,\"lanes\":%d,\"memory\":\"%s\",\"memory_why\":\"%s\","
-                  "\"server_setup_seconds\":%.6f,\"server_fill_seconds\":%.6f%s%s%s}",
+                  "\"server_setup_seconds\":%.6f,\"server_fill_seconds\":%.6f,"
+                  "\"ignored_messages\":%llu%s%s%s}",
                   static_cast<unsigned long long>(s.bytes),
                   static_cast<unsigned long long>(s.writes), s.seconds, s.server_seconds, gbps,
                   s.link_gbps, percent, mpps, static_cast<unsigned long long>(s.verified_bytes),
                   s.lanes, s.memory.c_str(), JsonText(s.memory_why).c_str(), s.server_setup_seconds,
-                  s.server_fill_seconds, s.step.empty() ? "" : ",\"step\":\"",
+                  s.server_fill_seconds, static_cast<unsigned long long>(s.ignored_messages),
+                  s.step.empty() ? "" : ",\"step\":\"",
                   JsonText(s.step).c_str(), s.step.empty() ? "" : "\"");
   } else {
     char link[64] = "link rate unknown: --link-gbps";
@@ -57,6 +59,9 @@ std::string FormatSummary(const Summary& s, bool json) {
                   : s.memory == "cuda-direct" ? "GPU (direct)"
                                               : "GPU (staged)");
   }
+  if (!json && s.ignored_messages > 0)
+    return std::string(line) + "; ignored " + std::to_string(s.ignored_messages) +
+           " messages that were not our server's";
   return line;
 }
 

@@ -24,6 +24,7 @@ struct Summary {
   std::string memory = "host";  // host, cuda-direct or cuda-staged
   std::string memory_why;       // how GPU memory moves (direct), or why it is staged
   std::string step;             // 07 --ladder: which rung of the ladder this is
+  uint64_t ignored_messages = 0;  // messages dropped as not our server's (common/mailbox.hpp)
 };
 
 // "" when the figures are possible, else what is wrong: a span longer than the wall time of

@@ -60,6 +60,9 @@ struct Peer {
   std::vector<fi_context2> contexts = std::vector<fi_context2>(64);
   size_t sends = 0, errors = 0, received = 0;
   std::string last_error, last_text;
+  // The tokens of docs/wire-protocol.md: its CONNECT's own, and the session's from ACCEPT,
+  // which its later messages carry, as a client's do (a misbehaving client, not a stranger).
+  uint32_t nonce = wire::NewToken(), session = 0;
 
   std::vector<uint8_t> Address() const {
     size_t length = 256;
@@ -121,7 +124,10 @@ void Poll(Peer& p) {
           try {
             auto m = wire::Decode({p.buffer.data() + kBig, e.len});
             if (auto* err = std::get_if<wire::ErrorReply>(&m)) p.last_text = err->text;
-            if (std::holds_alternative<wire::Accept>(m)) p.last_text = "ACCEPT";
+            if (auto* a = std::get_if<wire::Accept>(&m)) {
+              p.last_text = "ACCEPT";
+              p.session = a->session;
+            }
           } catch (const Error&) {
           }
           fi_recv(p.ep.get(), p.buffer.data() + kBig, wire::kMaxMessageBytes,
@@ -159,7 +165,14 @@ bool Send(Peer& p, std::span<const uint8_t> bytes, Clock::time_point deadline) {
 }
 
 bool SendMessage(Peer& p, const wire::Message& m, Clock::time_point deadline) {
-  return Send(p, wire::Encode(m), deadline);
+  return Send(p, wire::Encode(m, std::holds_alternative<wire::Connect>(m) ? p.nonce : p.session),
+              deadline);
+}
+
+// The same bytes with the session's token in their header, where they have one.
+std::vector<uint8_t> Stamped(const Peer& p, std::vector<uint8_t> bytes) {
+  if (bytes.size() >= sizeof(wire::Header)) std::memcpy(bytes.data() + 12, &p.session, 4);
+  return bytes;
 }
 
 // Polls until `done()` or the deadline.
@@ -335,7 +348,8 @@ int main(int argc, char** argv) {
         throw Error("no ACCEPT from the server");
       uint64_t sent = 0;
       for (; sent < count && Clock::now() < deadline; ++sent) {
-        auto bytes = wire::Encode(TransferOf(static_cast<uint32_t>(sent + 1), 4, 1 << 20, 1));
+        auto bytes = wire::Encode(TransferOf(static_cast<uint32_t>(sent + 1), 4, 1 << 20, 1),
+                                  p->session);
         std::memcpy(p->buffer.data(), bytes.data(), bytes.size());
         ssize_t rc = -FI_EAGAIN;
         while (rc == -FI_EAGAIN && Clock::now() < deadline)
@@ -425,7 +439,7 @@ int main(int argc, char** argv) {
           *p, [&] { return p->received > 0; }, deadline);
       const size_t before = p->received;
       for (auto& [name, bytes] : Malformed(*p)) {
-        if (Send(*p, bytes, deadline)) ++sent;
+        if (Send(*p, Stamped(*p, bytes), deadline)) ++sent;
         WaitFor(
             *p, [&] { return false; }, Clock::now() + std::chrono::milliseconds(20));
       }

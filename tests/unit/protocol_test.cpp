@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <set>
 
 #include "protocol.hpp"
 
@@ -72,10 +73,11 @@ TEST(Protocol, EveryMessageRoundTrips) {
   EXPECT_EQ(e.request_id, 3u);
   EXPECT_EQ(e.text, "no");
   EXPECT_TRUE(std::holds_alternative<Bye>(Decode(Encode(Bye{}))));
-  EXPECT_TRUE(std::get<Accept>(Decode(Encode(Accept{}))).writers.empty());
-  auto a = std::get<Accept>(Decode(Encode(Accept{{{1, 2}, {3, 4, 5}}, 1234})));
+  EXPECT_TRUE(std::get<Accept>(Decode(Encode(Accept{{}, 0, 5}))).writers.empty());
+  auto a = std::get<Accept>(Decode(Encode(Accept{{{1, 2}, {3, 4, 5}}, 1234, 77})));
   EXPECT_EQ(a.writers, (std::vector<std::vector<uint8_t>>{{1, 2}, {3, 4, 5}}));
   EXPECT_EQ(a.setup_ns, 1234u);
+  EXPECT_EQ(a.session, 77u);
   auto d = std::get<Done>(Decode(Encode(Done{7, 100, 1000, 5000, 42})));
   EXPECT_EQ(d.request_id, 7u);
   EXPECT_EQ(d.writes, 100u);
@@ -86,12 +88,46 @@ TEST(Protocol, EveryMessageRoundTrips) {
 
 TEST(Protocol, AcceptAndDoneFieldsAreChecked) {
   ExpectRejected(Encode(Done{1, 1, 5000, 1000, 0}), "last completion before first post");
-  auto bad = Encode(Accept{{{1, 2}}, 0});
+  auto bad = Encode(Accept{{{1, 2}}, 0, 1});
   Poke<uint32_t>(bad, 16, kMaxLanes + 1);
   ExpectRejected(bad, "writer count 65 is over the limit 64");
-  bad = Encode(Accept{{{1, 2}}, 0});
+  bad = Encode(Accept{{{1, 2}}, 0, 1});
   Poke<uint32_t>(bad, 20, 0);
   ExpectRejected(bad, "address length 0");
+  ExpectRejected(Encode(Accept{{{1, 2}}, 0, 0}), "session token 0");
+}
+
+// The header's token travels as it was given, on every type, and is read back beside the
+// message; a message sent without one carries 0.
+TEST(Protocol, TokenTravelsInTheHeader) {
+  const std::vector<Message> all = {SampleTransfer(), ErrorReply{1, "x"}, Bye{},
+                                    Accept{{}, 0, 9}, Done{1, 1, 1, 2, 0}};
+  for (const auto& m : all) {
+    uint32_t token = 1;
+    Decode(Encode(m, 0xabcd1234u), &token);
+    EXPECT_EQ(token, 0xabcd1234u);
+    Decode(Encode(m), &token);
+    EXPECT_EQ(token, 0u);
+  }
+}
+
+TEST(Protocol, NewTokensAreNeverZeroAndDiffer) {
+  std::set<uint32_t> seen;
+  for (int i = 0; i < 1000; ++i) {
+    const uint32_t t = NewToken();
+    EXPECT_NE(t, 0u);
+    seen.insert(t);
+  }
+  EXPECT_GT(seen.size(), 990u);  // 1000 draws of 32 bits: a repeat is already rare
+}
+
+TEST(Protocol, OnlyAcceptErrorAndDoneAreServerMessages) {
+  EXPECT_TRUE(IsServerMessage(Accept{}));
+  EXPECT_TRUE(IsServerMessage(ErrorReply{}));
+  EXPECT_TRUE(IsServerMessage(Done{}));
+  EXPECT_FALSE(IsServerMessage(Connect{}));
+  EXPECT_FALSE(IsServerMessage(SampleTransfer()));
+  EXPECT_FALSE(IsServerMessage(Bye{}));
 }
 
 TEST(Protocol, HeaderFieldsAreChecked) {
@@ -101,8 +137,8 @@ TEST(Protocol, HeaderFieldsAreChecked) {
   Poke<uint32_t>(bad, 0, 0x12345678);
   ExpectRejected(bad, "wrong magic");
   bad = good;
-  Poke<uint16_t>(bad, 4, 2);
-  ExpectRejected(bad, "unsupported version 2");
+  Poke<uint16_t>(bad, 4, 1);
+  ExpectRejected(bad, "unsupported version 1");
   bad = good;
   Poke<uint16_t>(bad, 6, 99);
   ExpectRejected(bad, "unknown message type 99");
