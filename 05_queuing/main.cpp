@@ -30,6 +30,7 @@
 #include "address.hpp"
 #include "backoff.hpp"
 #include "completion.hpp"
+#include "departures.hpp"
 #include "error.hpp"
 #include "fabric_handles.hpp"
 #include "host_buffer.hpp"
@@ -316,6 +317,7 @@ int ServerMain(const Options& options) {
       std::chrono::duration<double>(options.peer_timeout_s));
 
   Mail mail(net, kRecvDepth, kRecvDepth);
+  Departures departures(net.av.get(), *net.info);  // peers leave the AV here
   std::map<fi_addr_t, Client> clients;
   std::deque<Received> inbox;
   std::list<std::unique_ptr<Request>> active;
@@ -477,7 +479,7 @@ int ServerMain(const Options& options) {
     std::erase_if(departed, [&](const auto& d) {
       if (busy(d.first) && Clock::now() - d.second < limit) return false;
       mail.Forget(d.first);  // nothing may be posted to an address that left the AV
-      fi_av_remove(net.av.get(), const_cast<fi_addr_t*>(&d.first), 1, 0);
+      departures.Remove(d.first);
       return true;
     });
     DrainPending(net, pending);
@@ -523,6 +525,7 @@ int ServerMain(const Options& options) {
           continue;
         }
         departed.erase(client);  // the same address again: it is in use once more
+        departures.Revive(client);
         mail.Seal(client, token);  // our answers carry the client's own token back
         if (options.max_clients > 0 && !clients.count(client) &&
             clients.size() >= options.max_clients) {
@@ -559,6 +562,7 @@ int ServerMain(const Options& options) {
       }
       std::fflush(stdout);
     }
+    std::fflush(stdout);  // also the lines of messages dropped (`continue` above)
   }
   std::printf("served %llu clients\n", static_cast<unsigned long long>(served));
   std::fflush(stdout);

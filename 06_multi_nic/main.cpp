@@ -32,6 +32,7 @@
 
 #include "address.hpp"
 #include "completion.hpp"
+#include "departures.hpp"
 #include "error.hpp"
 #include "fabric_handles.hpp"
 #include "host_buffer.hpp"
@@ -422,6 +423,7 @@ int ServerMain(const Options& options) {
       std::chrono::duration<double>(options.peer_timeout_s));
 
   Mail mail(net, kRecvDepth, kRecvDepth);
+  Departures departures(net.av.get(), *net.info);  // peers leave lane 0's AV here
   std::map<fi_addr_t, Client> clients;
   std::deque<Received> inbox;
   std::list<std::unique_ptr<Request>> active;
@@ -592,7 +594,10 @@ int ServerMain(const Options& options) {
       mail.Forget(d.first);  // nothing may be posted to an address that left the AV
       std::vector<fi_addr_t> gone = d.second.first.addresses;
       for (size_t l = 0; l < gone.size(); ++l)
-        if (l == 0 || !shm) fi_av_remove(lanes[l].av.get(), &gone[l], 1, 0);
+        if (l == 0)
+          departures.Remove(gone[0]);
+        else if (!shm)
+          fi_av_remove(lanes[l].av.get(), &gone[l], 1, 0);
       return true;
     });
     for (size_t l = 0; l < lanes.size(); ++l) DrainPending(lanes[l], pending[l]);
@@ -645,6 +650,7 @@ int ServerMain(const Options& options) {
         }
         const fi_addr_t id = client.addresses[0];
         departed.erase(id);  // the same address again: it is in use once more
+        departures.Revive(id);
         mail.Seal(id, token);  // our answers carry the client's own token back
         if (options.max_clients > 0 && !clients.count(id) &&
             clients.size() >= options.max_clients) {
@@ -684,6 +690,7 @@ int ServerMain(const Options& options) {
       }
       std::fflush(stdout);
     }
+    std::fflush(stdout);  // also the lines of messages dropped (`continue` above)
   }
   std::printf("served %llu clients\n", static_cast<unsigned long long>(served));
   std::fflush(stdout);

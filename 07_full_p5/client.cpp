@@ -177,9 +177,10 @@ Summary RunSession(const Options& options, std::span<const uint8_t> peer, wire::
   if (options.window > tx)
     throw UsageError("invalid --window " + std::to_string(options.window) + ": the provider's " +
                      "queue holds " + std::to_string(tx));
-  if (!options.address_file.empty()) {  // our lane addresses (tests play a thief with them)
-    std::vector<std::vector<uint8_t>> addresses;
+  if (!options.address_file.empty()) {  // our lane addresses, then our control endpoint's
+    std::vector<std::vector<uint8_t>> addresses;  // (tests play a thief and a forger with them)
     for (const auto& lane : lanes) addresses.push_back(lane.Address());
+    addresses.push_back(control.Address());
     WriteAddressList(addresses, options.address_file);
   }
 

@@ -10,6 +10,7 @@
 
 #include "address.hpp"
 #include "completion.hpp"
+#include "departures.hpp"
 #include "endpoint.hpp"
 #include "error.hpp"
 #include "mailbox.hpp"
@@ -63,6 +64,7 @@ int Serve(const Options& options, const fi_info& control, WaitMode wait, Engine&
       std::chrono::duration<double>(options.peer_timeout_s));
 
   Mail mail(net, kRecvDepth, kSendDepth);
+  Departures departures(net.av.get(), *net.info);  // peers leave the control AV here
   std::map<uint64_t, Client> clients;       // by number: a number is never given out twice
   std::map<fi_addr_t, uint64_t> by_source;  // control address -> number
   std::deque<Received> inbox;
@@ -165,7 +167,7 @@ int Serve(const Options& options, const fi_info& control, WaitMode wait, Engine&
       if (mail.Busy(d.first) && Clock::now() - d.second < limit) return false;
       if (!by_source.count(d.first)) {
         mail.Forget(d.first);  // nothing may be posted to an address that left the AV
-        net.Remove(d.first);
+        departures.Remove(d.first);
       }
       return true;
     });
@@ -241,6 +243,7 @@ int Serve(const Options& options, const fi_info& control, WaitMode wait, Engine&
           continue;
         }
         departed.erase(id);
+        departures.Revive(id);
         if (auto old = by_source.find(id); old != by_source.end())  // an address reused
           close(old->second, "lost: replaced by a new CONNECT from its address");
         mail.Seal(id, token);  // our answers carry the client's own token back

@@ -10,6 +10,7 @@
 
 #include <rdma/fabric.h>
 #include <rdma/fi_domain.h>
+#include <rdma/fi_endpoint.h>
 
 #include <algorithm>
 #include <chrono>
@@ -50,6 +51,15 @@ class Mailbox {
     for (auto& op : recvs_) net.PostRecv(op);
     for (auto& op : sends_) free_.push_back(&op);
   }
+
+  // The receives still posted are cancelled first: whoever reaches the endpoint (a stranger,
+  // a late peer) could otherwise land a message in buffers freed before the endpoint closes.
+  ~Mailbox() {
+    if (net_.ep)
+      for (auto& op : recvs_) fi_cancel(&net_.ep->fid, &op.context);
+  }
+  Mailbox(const Mailbox&) = delete;
+  Mailbox& operator=(const Mailbox&) = delete;
 
   // Queues `message` for `dest`; Flush() posts it. It carries the token sealed for `dest`.
   void Send(fi_addr_t dest, const wire::Message& message) {

@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -182,6 +183,93 @@ TEST_P(Hostile, ClientThatNeverReads) {
   server.Stop();
 }
 
+// 11. CONNECTs that name the server's own address: answering them, the server once answered
+// its own answers for ever (hundreds of thousands of lines a second, a core at 100%). Now
+// each costs one line, and the next client is served.
+TEST_P(Hostile, ConnectNamingTheServerItself) {
+  Attacked server(stage(), provider());
+  ASSERT_FALSE(server.address().empty());
+  Result attack = server.Attack("connect-self", {"--count", "3"});
+  ASSERT_EQ(attack.exit_code, 0) << attack.out << attack.err;
+  ASSERT_TRUE(WaitForOutput(server.process(), "names this server's own address", 20s))
+      << server.process().Output();
+  server.ExpectServed();
+  Result done = server.Stop();
+  const auto lines = std::count(done.out.begin(), done.out.end(), '\n');
+  EXPECT_LT(lines, 40) << done.out.substr(0, 4000);
+}
+
+// 12. Clients that CONNECT and vanish without BYE, as many as --max-clients: once they are
+// silent for --peer-timeout they are dropped, and the next client is served (03 and 05 once
+// refused everyone after 16 such clients, for good).
+TEST_P(Hostile, VanishedClientsGiveTheirPlacesBack) {
+  Attacked server(stage(), provider(), {"--max-clients", "4", "--peer-timeout", "2"});
+  ASSERT_FALSE(server.address().empty());
+  Result attack = server.Attack("vanish", {"--count", "4"});
+  ASSERT_NE(attack.out.find("vanish: 4 clients, 4 accepted"), std::string::npos)
+      << attack.out << attack.err;
+  // Each is dropped by the server's own clock; wait for the drops, not for a time.
+  const auto deadline = Clock::now() + 30s;
+  while (Clock::now() < deadline) {
+    const std::string out = server.process().Output();
+    size_t drops = 0;
+    for (size_t at = 0; (at = out.find("silent for", at)) != std::string::npos; ++at) ++drops;
+    if (drops >= 4) break;
+    std::this_thread::sleep_for(100ms);
+  }
+  server.ExpectServed();
+  Result done = server.Stop();
+  EXPECT_EQ(done.out.find("server full"), std::string::npos) << done.out;
+}
+
+// 13. A process that never connected sends BYE, TRANSFERs and noise while a client is served:
+// none of it is credited to that client (libfabric 1.17's shm names a connected peer as their
+// source, and the client's session once ended with "it said BYE"). The session token drops
+// them.
+TEST_P(Hostile, StrangersMessagesAreNotCreditedToAClient) {
+  Attacked server(stage(), provider());
+  ASSERT_FALSE(server.address().empty());
+  std::vector<std::string> argv = {HostilePeer()};
+  for (auto& a : ProviderArgs(provider())) argv.push_back(a);
+  argv.insert(argv.end(), {server.address(), "stranger-bye", "--count", "100000", "--seconds", "4"});
+  Process stranger(argv);
+  // The stranger sends for its whole run; the clients are served inside it.
+  ASSERT_TRUE(WaitForOutput(server.process(), "dropped a ", 20s)) << server.process().Output();
+  server.ExpectServed();
+  server.ExpectServed();
+  Result attack = stranger.Wait(30s);
+  EXPECT_EQ(attack.exit_code, 0) << attack.out << attack.err;
+  Result done = server.Stop();
+  EXPECT_EQ(done.out.find("it said BYE"), std::string::npos) << done.out;
+}
+
+// 14. A peer that said BYE, is forgotten, and then sends a message longer than shm's inline
+// size from the same endpoint: libfabric 1.17's shm crashed the server reading the region it
+// had unmapped at fi_av_remove (common/departures.hpp keeps such peers in the AV there).
+TEST_P(Hostile, MessageFromAForgottenPeer) {
+  Attacked server(stage(), provider());
+  ASSERT_FALSE(server.address().empty());
+  Result attack = server.Attack("bye-then-big", {"--hold", "1.5"});
+  ASSERT_NE(attack.out.find("bye-then-big: sent 1 TRANSFERs"), std::string::npos)
+      << attack.out << attack.err;
+  server.ExpectServed();
+  server.Stop();
+}
+
+// 15. A hundred CONNECTs naming an address where nothing listens, then more than the server's
+// --timeout (3 s here) for the departures to leave its AV: the server once crashed there,
+// posting queued messages to addresses it had removed.
+TEST_P(Hostile, ManyConnectsNamingNobody) {
+  Attacked server(stage(), provider());
+  ASSERT_FALSE(server.address().empty());
+  Result attack = server.Attack("connect-nowhere", {"--count", "100"});
+  ASSERT_EQ(attack.exit_code, 0) << attack.out << attack.err;
+  server.ExpectServed();
+  std::this_thread::sleep_for(4s);  // the server's own --timeout, past which it removes them
+  server.ExpectServed();
+  server.Stop();
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Stages, Hostile,
     ::testing::Combine(::testing::Values("03_gpudirect_write", "05_queuing", "07_full_p5"),
@@ -294,6 +382,42 @@ TEST_P(HostileService, TransferLongerThanPeerTimeout) {
   Result done = server.Stop();
   EXPECT_EQ(done.out.find("lost"), std::string::npos) << done.out;
   EXPECT_NE(done.out.find(" done: "), std::string::npos) << done.out;
+}
+
+// 16. Messages to a client from a process that is not its server: random bytes, a forged
+// ERROR and a forged DONE (over tcp found by scanning ports, over shm by its names in
+// /dev/shm). Each once ended a 07 client's transfer; now it drops and counts them, and
+// verifies every byte.
+TEST_P(HostileService, ForgedMessagesToAClient) {
+  Attacked server("07_full_p5", provider());
+  ASSERT_FALSE(server.address().empty());
+  long long ignored = 0;
+  for (int repeat : {100, 400, 1600}) {  // until the victim outlives part of the attack
+    TempDir dir;
+    const std::string lanes = dir.path() + "/lanes";
+    std::vector<std::string> argv = {StageBinary("07_full_p5")};
+    for (auto& a : ProviderArgs(provider())) argv.push_back(a);
+    argv.push_back(server.address());
+    for (auto& a :
+         std::vector<std::string>{"--memory", "host", "-S", "64k", "--pages", "256", "--repeat",
+                                  std::to_string(repeat), "--address-file", lanes, "--json"})
+      argv.push_back(a);
+    Process victim(argv);
+    ASSERT_FALSE(WaitForLine(lanes, 20s).empty());
+    std::vector<std::string> attack = {HostilePeer()};
+    for (auto& a : ProviderArgs(provider())) attack.push_back(a);
+    attack.insert(attack.end(), {server.address(), "forge-client", "--victim", lanes, "--count",
+                                 "1000", "--seconds", "3"});
+    Result forger = RunToEnd(attack, 30s);
+    EXPECT_EQ(forger.exit_code, 0) << forger.out << forger.err;
+    Result r = victim.Wait(300s);
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+    EXPECT_EQ(NumberAfter(r.out, "\"verified_bytes\":"), 256LL * 65536 * 4) << r.out;
+    ignored = NumberAfter(r.out, "\"ignored_messages\":");
+    if (ignored > 0) break;
+  }
+  EXPECT_GT(ignored, 0) << "no forged message reached the victim while it ran";
+  server.Stop();
 }
 
 INSTANTIATE_TEST_SUITE_P(Providers, HostileService, ::testing::Values("shm", "tcp"));

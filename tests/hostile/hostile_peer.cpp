@@ -338,6 +338,95 @@ int main(int argc, char** argv) {
                   ToHex(address).c_str());
       Leave(0);
     }
+    if (what == "connect-self") {
+      // A CONNECT whose every address is the server's own: answering it, the server would
+      // talk to itself, and answering those answers, for ever.
+      auto p = Open(options, server, true);
+      wire::Connect c = ConnectOf(*p, 1 << 20, server);
+      c.reply = server;
+      for (uint64_t i = 0; i < count; ++i)
+        if (!SendMessage(*p, c, deadline)) throw Error("could not send CONNECT: " + p->last_error);
+      WaitFor(
+          *p, [&] { return p->sends >= count; }, deadline);
+      std::printf("sent %llu CONNECTs naming the server's own address\n",
+                  static_cast<unsigned long long>(count));
+      Leave(0);
+    }
+    if (what == "vanish") {
+      // --count clients CONNECT, are accepted, and vanish without BYE: their places must not
+      // stay taken for good.
+      std::vector<std::unique_ptr<Peer>> peers;
+      for (uint64_t i = 0; i < count && Clock::now() < deadline; ++i)
+        peers.push_back(Open(options, server, true));
+      for (auto& p : peers) SendMessage(*p, ConnectOf(*p, 1 << 20), deadline);
+      size_t accepted = 0;
+      for (auto& p : peers) {
+        WaitFor(
+            *p, [&] { return p->received > 0; }, deadline);
+        accepted += p->last_text == "ACCEPT";
+      }
+      std::printf("vanish: %zu clients, %zu accepted, gone without BYE\n", peers.size(),
+                  accepted);
+      Leave(0);
+    }
+    if (what == "bye-then-big") {
+      // Connects, says BYE, waits until the server has forgotten it (--hold seconds), then
+      // sends a TRANSFER longer than shm's inline messages (2000 pages: 8 KiB) from the same
+      // endpoint: the server's AV no longer knows it (libfabric 1.17's shm once crashed there).
+      auto p = Open(options, server, true);
+      if (!SendMessage(*p, ConnectOf(*p, 64 << 20), deadline)) throw Error(p->last_error);
+      if (!WaitFor(
+              *p, [&] { return p->received > 0; }, deadline))
+        throw Error("no answer to CONNECT from the server");
+      if (!SendMessage(*p, wire::Bye{}, deadline)) throw Error(p->last_error);
+      WaitFor(
+          *p, [&] { return false; }, Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                                       std::chrono::duration<double>(hold)));
+      uint64_t sent = 0;
+      for (uint64_t i = 0; i < count; ++i)
+        sent += SendMessage(*p, TransferOf(1, 2000, 4096, 1), deadline);
+      WaitFor(
+          *p, [&] { return false; }, Clock::now() + std::chrono::milliseconds(500));
+      std::printf("bye-then-big: sent %llu TRANSFERs of 2000 pages after BYE\n",
+                  static_cast<unsigned long long>(sent));
+      Leave(0);
+    }
+    if (what == "stranger-bye") {
+      // A process that never connected sends BYE, a TRANSFER and a malformed message, --count
+      // times: none may be credited to a connected client (shm in libfabric 1.17 names a
+      // connected peer as their source).
+      auto p = Open(options, server, false);
+      uint64_t sent = 0;
+      for (uint64_t i = 0; i < count && Clock::now() < deadline; ++i) {
+        sent += SendMessage(*p, wire::Bye{}, deadline);
+        sent += SendMessage(*p, TransferOf(1, 2000, 4096, 1), deadline);
+        sent += Send(*p, std::vector<uint8_t>(64, 0x5a), deadline);
+        WaitFor(
+            *p, [&] { return false; }, Clock::now() + std::chrono::milliseconds(50));
+      }
+      std::printf("stranger-bye: sent %llu messages without ever connecting\n",
+                  static_cast<unsigned long long>(sent));
+      Leave(0);
+    }
+    if (what == "forge-client") {
+      // Messages to a 07 client's control endpoint (the last address of its --address-file)
+      // that its server never sent: random bytes, a well-formed ERROR and DONE, each --count
+      // times. The client must finish its transfer as if none had come.
+      auto addresses = ReadAddressList(victim);
+      auto p = Open(options, addresses.back(), false);
+      uint64_t sent = 0;
+      for (uint64_t i = 0; i < count && Clock::now() < deadline; ++i) {
+        std::vector<uint8_t> noise(48);
+        for (auto& b : noise) b = static_cast<uint8_t>(wire::NewToken());
+        sent += Send(*p, noise, deadline);
+        sent += SendMessage(*p, wire::ErrorReply{1, "forged by a stranger"}, deadline);
+        sent += SendMessage(*p, wire::Done{1, 1, 1, 5531000000000ull, 0}, deadline);
+        WaitFor(
+            *p, [&] { return false; }, Clock::now() + std::chrono::milliseconds(20));
+      }
+      std::printf("forge-client: sent %llu forged messages\n", static_cast<unsigned long long>(sent));
+      Leave(0);
+    }
     if (what == "deaf") {
       // Connects, then never posts a receive again and never reads a completion, while
       // asking for pages outside its region: every answer the server sends finds no buffer.

@@ -1,0 +1,55 @@
+// Taking departed peers out of an address vector (AV), from stage 03 on. Removing a peer is
+// not safe on every provider: libfabric 1.17's shm unmaps the peer's region at fi_av_remove,
+// while the peer still holds the id it was given, so its next message longer than shm's
+// inline size (4 KiB) makes shm read the unmapped region and crash the process, and a later
+// peer given the same id inherits the old one's messages (docs/architecture.md, "Provider
+// faults"; tests/provider/shm_removed_peer.cpp reproduces it without project code). There the
+// last kParked departed peers stay in the AV (shm's holds 256) and the oldest one leaves when
+// another departs: a peer gone that long ago is the only one that can still trip it.
+#pragma once
+
+#include <rdma/fabric.h>
+#include <rdma/fi_domain.h>
+
+#include <algorithm>
+#include <cstring>
+#include <deque>
+
+namespace common {
+
+class Departures {
+ public:
+  static constexpr size_t kParked = 128;
+
+  Departures(fid_av* av, const fi_info& info)
+      : av_(av),
+        park_(std::strcmp(info.fabric_attr->prov_name, "shm") == 0 &&
+              FI_MAJOR(fi_version()) < 2) {}
+
+  // Whether removals wait here instead of reaching the provider at once.
+  bool parks() const { return park_; }
+
+  // `peer` has gone: out of the AV now, or (shm 1.17) once kParked others have gone after it.
+  void Remove(fi_addr_t peer) {
+    if (!park_) {
+      fi_av_remove(av_, &peer, 1, 0);
+      return;
+    }
+    Revive(peer);
+    parked_.push_back(peer);
+    while (parked_.size() > kParked) {
+      fi_av_remove(av_, &parked_.front(), 1, 0);
+      parked_.pop_front();
+    }
+  }
+
+  // `peer` came again (the AV gave its address the same fi_addr_t): it is no longer departed.
+  void Revive(fi_addr_t peer) { std::erase(parked_, peer); }
+
+ private:
+  fid_av* av_;
+  bool park_;
+  std::deque<fi_addr_t> parked_;
+};
+
+}  // namespace common
