@@ -177,7 +177,7 @@ Summary RunSession(const Options& options, std::span<const uint8_t> peer, wire::
   if (options.window > tx)
     throw UsageError("invalid --window " + std::to_string(options.window) + ": the provider's " +
                      "queue holds " + std::to_string(tx));
-  if (!options.address_file.empty()) {  // our lane addresses, then our control endpoint's
+  if (!options.address_file.empty()) {            // our lane addresses, then our control endpoint's
     std::vector<std::vector<uint8_t>> addresses;  // (tests play a thief and a forger with them)
     for (const auto& lane : lanes) addresses.push_back(lane.Address());
     addresses.push_back(control.Address());

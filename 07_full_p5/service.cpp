@@ -65,8 +65,8 @@ int Serve(const Options& options, const fi_info& control, WaitMode wait, Engine&
 
   Mail mail(net, kRecvDepth, kSendDepth);
   Departures departures(net.av.get(), *net.info);  // peers leave the control AV here
-  std::map<uint64_t, Client> clients;       // by number: a number is never given out twice
-  std::map<fi_addr_t, uint64_t> by_source;  // control address -> number
+  std::map<uint64_t, Client> clients;              // by number: a number is never given out twice
+  std::map<fi_addr_t, uint64_t> by_source;         // control address -> number
   std::deque<Received> inbox;
   std::map<fi_addr_t, std::string> lost;            // peers a send failed for
   std::map<fi_addr_t, Clock::time_point> departed;  // control AV entries to remove

@@ -3,9 +3,10 @@
 // while the peer still holds the id it was given, so its next message longer than shm's
 // inline size (4 KiB) makes shm read the unmapped region and crash the process, and a later
 // peer given the same id inherits the old one's messages (docs/architecture.md, "Provider
-// faults"; tests/provider/shm_removed_peer.cpp reproduces it without project code). There the
-// last kParked departed peers stay in the AV (shm's holds 256) and the oldest one leaves when
-// another departs: a peer gone that long ago is the only one that can still trip it.
+// bugs met on the way"; tests/provider/shm_removed_peer.cpp shows it without project code).
+// There the last kParked departed peers stay in the AV (shm's holds 256) and the oldest one
+// leaves when another departs: a peer gone that long ago is the only one that can still trip
+// it, and the session token drops whatever its stale id still delivers.
 #pragma once
 
 #include <rdma/fabric.h>
@@ -23,8 +24,7 @@ class Departures {
 
   Departures(fid_av* av, const fi_info& info)
       : av_(av),
-        park_(std::strcmp(info.fabric_attr->prov_name, "shm") == 0 &&
-              FI_MAJOR(fi_version()) < 2) {}
+        park_(std::strcmp(info.fabric_attr->prov_name, "shm") == 0 && FI_MAJOR(fi_version()) < 2) {}
 
   // Whether removals wait here instead of reaching the provider at once.
   bool parks() const { return park_; }

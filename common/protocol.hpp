@@ -15,7 +15,7 @@
 namespace common::wire {
 
 inline constexpr uint32_t kMagic = 0x50444d52;  // "RMDP" on the wire, little-endian
-inline constexpr uint16_t kVersion = 2;  // 2: the header carries a token
+inline constexpr uint16_t kVersion = 2;         // 2: the header carries a token
 
 // Limits a receiver enforces (and a sender respects).
 inline constexpr size_t kMaxMessageBytes = 64 * 1024;  // every receive buffer has this size

@@ -43,8 +43,8 @@ std::string FormatSummary(const Summary& s, bool json) {
                   s.link_gbps, percent, mpps, static_cast<unsigned long long>(s.verified_bytes),
                   s.lanes, s.memory.c_str(), JsonText(s.memory_why).c_str(), s.server_setup_seconds,
                   s.server_fill_seconds, static_cast<unsigned long long>(s.ignored_messages),
-                  s.step.empty() ? "" : ",\"step\":\"",
-                  JsonText(s.step).c_str(), s.step.empty() ? "" : "\"");
+                  s.step.empty() ? "" : ",\"step\":\"", JsonText(s.step).c_str(),
+                  s.step.empty() ? "" : "\"");
   } else {
     char link[64] = "link rate unknown: --link-gbps";
     if (s.link_gbps > 0)

@@ -21,9 +21,9 @@ struct Summary {
   double link_gbps = 0;         // theoretical rate; 0 when unknown
   uint64_t verified_bytes = 0;  // distinct bytes checked against the seed's data
   int lanes = 1;
-  std::string memory = "host";  // host, cuda-direct or cuda-staged
-  std::string memory_why;       // how GPU memory moves (direct), or why it is staged
-  std::string step;             // 07 --ladder: which rung of the ladder this is
+  std::string memory = "host";    // host, cuda-direct or cuda-staged
+  std::string memory_why;         // how GPU memory moves (direct), or why it is staged
+  std::string step;               // 07 --ladder: which rung of the ladder this is
   uint64_t ignored_messages = 0;  // messages dropped as not our server's (common/mailbox.hpp)
 };
 

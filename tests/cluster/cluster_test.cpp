@@ -157,7 +157,10 @@ TEST(Cluster, NicDownMidTransfer) {
   Process client(mc.On("B", {StageBinary("07_full_p5"), "-p", "tcp", address, "--memory", "host",
                              "--nics", "4", "-S", "64k", "--pages", "1024", "--requests", "4",
                              "--repeat", "16", "--timeout", "4"}));
-  std::this_thread::sleep_for(3s);
+  // The NIC goes down once WRITEs landed on every lane (the server's warmup line says so),
+  // and a second into the timed WRITEs, however slowly a loaded machine got there.
+  ASSERT_TRUE(WaitForOutput(server, "client 1: warmup: ", 60s)) << server.Output();
+  std::this_thread::sleep_for(1s);
   const std::string nic = mc.name() + "b2";
   Result down = RunToEnd(mc.On("B", {"ip", "link", "set", nic, "down"}), 10s);
   ASSERT_EQ(down.exit_code, 0) << down.out << down.err;

@@ -231,7 +231,8 @@ TEST_P(Hostile, StrangersMessagesAreNotCreditedToAClient) {
   ASSERT_FALSE(server.address().empty());
   std::vector<std::string> argv = {HostilePeer()};
   for (auto& a : ProviderArgs(provider())) argv.push_back(a);
-  argv.insert(argv.end(), {server.address(), "stranger-bye", "--count", "100000", "--seconds", "4"});
+  argv.insert(argv.end(),
+              {server.address(), "stranger-bye", "--count", "100000", "--seconds", "4"});
   Process stranger(argv);
   // The stranger sends for its whole run; the clients are served inside it.
   ASSERT_TRUE(WaitForOutput(server.process(), "dropped a ", 20s)) << server.process().Output();
@@ -450,8 +451,9 @@ TEST_P(KilledMidTransfer, NextClientIsServed) {
     // leaves every later post to it spinning inside the provider, for good (2.x has no such
     // lock). Nothing the program does can free that thread. What must hold then: the next
     // client gives up in bounded time with its own error, and SIGTERM still ends the server.
-    std::printf("known libfabric 1.17 shm wedge on the dead client's region lock "
-                "(docs/architecture.md): the next client gave up, the server is stopped\n");
+    std::printf(
+        "known libfabric 1.17 shm wedge on the dead client's region lock "
+        "(docs/architecture.md): the next client gave up, the server is stopped\n");
     EXPECT_EQ(next.exit_code, 1) << next.out << next.err;
     EXPECT_NE(next.err.find(stage() + ": error: "), std::string::npos) << next.err;
     EXPECT_EQ(next.err.find("signal"), std::string::npos) << next.err;
@@ -477,6 +479,27 @@ INSTANTIATE_TEST_SUITE_P(Stages, KilledMidTransfer,
 // 13. Address files: a file that cannot be written says why (exit 2), and a path that is not
 // a regular file is written in place, never replaced by a file (as root, the server once
 // replaced /dev/full with a file of its own).
+// The provider fault behind common/departures.hpp, with no project code: libfabric 1.17's
+// shm crashes a process that receives a long message from a peer it removed from its AV;
+// 2.x does not. Should a 1.17 build stop crashing, this fails and says the parking can go.
+TEST(ProviderFault, ShmMessageFromARemovedPeer) {
+  const char* build = std::getenv("E2E_BUILD_DIR");
+  ASSERT_NE(build, nullptr);
+  Result r = RunToEnd({std::string(build) + "/tests/shm_removed_peer"}, 30s);
+  ASSERT_NE(r.out.find("libfabric "), std::string::npos) << r.out << r.err;
+  ASSERT_NE(r.out.find("now removed"), std::string::npos) << r.out << r.err;
+  if (r.out.find("libfabric 1.") != std::string::npos) {
+    EXPECT_NE(r.exit_code, 0) << r.out;
+    EXPECT_NE(r.err.find("signal 11"), std::string::npos)
+        << "libfabric 1.x's shm no longer crashes here: common/departures.hpp need not park\n"
+        << r.out << r.err;
+    EXPECT_EQ(r.out.find("survived"), std::string::npos) << r.out;
+  } else {
+    EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+    EXPECT_NE(r.out.find("survived"), std::string::npos) << r.out;
+  }
+}
+
 TEST(AddressFile, UnwritableSaysWhyAndDevicesStayDevices) {
   Result full = RunToEnd(
       {StageBinary("05_queuing"), "-p", "shm", "--memory", "host", "--address-file", "/dev/full"},

@@ -365,8 +365,7 @@ int main(int argc, char** argv) {
             *p, [&] { return p->received > 0; }, deadline);
         accepted += p->last_text == "ACCEPT";
       }
-      std::printf("vanish: %zu clients, %zu accepted, gone without BYE\n", peers.size(),
-                  accepted);
+      std::printf("vanish: %zu clients, %zu accepted, gone without BYE\n", peers.size(), accepted);
       Leave(0);
     }
     if (what == "bye-then-big") {
@@ -380,8 +379,9 @@ int main(int argc, char** argv) {
         throw Error("no answer to CONNECT from the server");
       if (!SendMessage(*p, wire::Bye{}, deadline)) throw Error(p->last_error);
       WaitFor(
-          *p, [&] { return false; }, Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                                       std::chrono::duration<double>(hold)));
+          *p, [&] { return false; },
+          Clock::now() +
+              std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(hold)));
       uint64_t sent = 0;
       for (uint64_t i = 0; i < count; ++i)
         sent += SendMessage(*p, TransferOf(1, 2000, 4096, 1), deadline);
@@ -424,7 +424,8 @@ int main(int argc, char** argv) {
         WaitFor(
             *p, [&] { return false; }, Clock::now() + std::chrono::milliseconds(20));
       }
-      std::printf("forge-client: sent %llu forged messages\n", static_cast<unsigned long long>(sent));
+      std::printf("forge-client: sent %llu forged messages\n",
+                  static_cast<unsigned long long>(sent));
       Leave(0);
     }
     if (what == "deaf") {
@@ -437,8 +438,8 @@ int main(int argc, char** argv) {
         throw Error("no ACCEPT from the server");
       uint64_t sent = 0;
       for (; sent < count && Clock::now() < deadline; ++sent) {
-        auto bytes = wire::Encode(TransferOf(static_cast<uint32_t>(sent + 1), 4, 1 << 20, 1),
-                                  p->session);
+        auto bytes =
+            wire::Encode(TransferOf(static_cast<uint32_t>(sent + 1), 4, 1 << 20, 1), p->session);
         std::memcpy(p->buffer.data(), bytes.data(), bytes.size());
         ssize_t rc = -FI_EAGAIN;
         while (rc == -FI_EAGAIN && Clock::now() < deadline)

@@ -100,8 +100,8 @@ TEST(Protocol, AcceptAndDoneFieldsAreChecked) {
 // The header's token travels as it was given, on every type, and is read back beside the
 // message; a message sent without one carries 0.
 TEST(Protocol, TokenTravelsInTheHeader) {
-  const std::vector<Message> all = {SampleTransfer(), ErrorReply{1, "x"}, Bye{},
-                                    Accept{{}, 0, 9}, Done{1, 1, 1, 2, 0}};
+  const std::vector<Message> all = {SampleTransfer(), ErrorReply{1, "x"}, Bye{}, Accept{{}, 0, 9},
+                                    Done{1, 1, 1, 2, 0}};
   for (const auto& m : all) {
     uint32_t token = 1;
     Decode(Encode(m, 0xabcd1234u), &token);
