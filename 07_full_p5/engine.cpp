@@ -14,6 +14,7 @@
 #include <cstring>
 #include <mutex>
 #include <string>
+#include <thread>
 
 #include "engine.hpp"
 #include "error.hpp"
@@ -248,6 +249,9 @@ void FinishShares(Worker& w, Clock::time_point now) {
     it = w.shares.erase(it);
   }
 }
+// No WRITE completed for this long while some are owed: the lanes have stalled. A live lane
+// completes a WRITE every few microseconds, a 1 Gbit/s one every 0.5 ms.
+constexpr auto kStalled = std::chrono::milliseconds(20);
 // A data thread: set up where it belongs, then poll, post and retire until told to stop. An
 // error completion (the client died) fails the session, not the server.
 void RunWorker(Worker& w) {
@@ -258,15 +262,20 @@ void RunWorker(Worker& w) {
     if (s.On(wire::kEngineNuma)) BindToGroupMemory(w);
     OpenLanes(w);
     ++s.ready;
+    Clock::time_point last_work = Clock::now();  // a share placed or a WRITE completed
     while (!s.stop) {
       w.rounds.store(w.rounds.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+      const size_t shares = w.shares.size();
       PlaceShares(w);
       const size_t done = PollLanes(w);
       PostWrites(w);
       if (done > 0) {
         const auto now = Clock::now();
         w.last_completion = now.time_since_epoch().count();
+        last_work = now;
         FinishShares(w, now);
+      } else if (w.shares.size() != shares) {
+        last_work = Clock::now();
       }
       if (w.shares.empty()) {  // nothing to do: sleep until the control thread hands work over
         std::unique_lock lock(w.inbox_mutex);
@@ -276,6 +285,10 @@ void RunWorker(Worker& w) {
                  std::all_of(w.pending.begin(), w.pending.end(),
                              [](const auto& queue) { return queue.empty(); })) {
         WaitForCompletions(w.lanes, 100);  // nothing prepared waits to be posted
+      } else if (done == 0 && Clock::now() - last_work > kStalled) {
+        // Owed completions that stopped coming (a client that died: shm never completes a
+        // WRITE to it): nap instead of spinning a core away until --peer-timeout drops it.
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
       }
     }
   } catch (const std::exception& e) {
