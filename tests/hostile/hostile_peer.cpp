@@ -17,6 +17,7 @@
 #include <rdma/fi_rma.h>
 
 #include <sys/resource.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -557,9 +558,25 @@ int main(int argc, char** argv) {
         uint64_t posted = 0;
         for (uint64_t offset : {uint64_t{0}, uint64_t{4096}}) {
           ssize_t rc = -FI_EAGAIN;
+          // Over tcp with FI_DELIVERY_COMPLETE: the completion waits for the target's verdict,
+          // so a WRITE refused there fails here (without it, tcp completes one once it is in
+          // the socket). shm completes a WRITE only after its copy anyway (and 1.17's never
+          // completes one asked for with the flag).
+          iovec iov{p->buffer.data(), 4096};
+          void* desc = fi_mr_desc(p->mr.get());
+          fi_rma_iov rma{offset, 4096, key};
+          fi_msg_rma msg{};
+          msg.msg_iov = &iov;
+          msg.desc = &desc;
+          msg.iov_count = 1;
+          msg.addr = target;
+          msg.rma_iov = &rma;
+          msg.rma_iov_count = 1;
+          msg.context = &p->contexts[1 + posted];
+          msg.data = 1;
           while (rc == -FI_EAGAIN && Clock::now() < deadline) {
-            rc = fi_writedata(p->ep.get(), p->buffer.data(), 4096, fi_mr_desc(p->mr.get()), 1,
-                              target, offset, key, &p->contexts[1 + posted]);
+            rc = fi_writemsg(p->ep.get(), &msg,
+                             FI_REMOTE_CQ_DATA | (tcp ? FI_DELIVERY_COMPLETE : uint64_t{0}));
             if (rc == -FI_EAGAIN) Poll(*p);
           }
           if (rc == 0) ++posted;
