@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <span>
 #include <string>
@@ -230,6 +231,11 @@ void PrintHeader(const char* role, const Plan& plan, WaitMode wait, const Memory
 }
 int ServerMain(const Options& options) {
   InstallStopHandlers(kProgram);
+  // Over tcp;ofi_rxm every endpoint keeps receive buffers posted, 4096 of 16 KiB by default:
+  // 64 MiB a session of one lane holds before it moves a byte, which 16 idle strangers turned
+  // into a gigabyte. The server's data lanes receive no messages (they only WRITE), its
+  // control endpoint a few small ones: 256 are plenty, unless the environment says otherwise.
+  setenv("FI_OFI_RXM_MSG_RX_SIZE", "256", 0);
   const MemoryKind memory = ResolveMemory(options.memory);
   const Topology topology = Topology::Load();
   std::string no_hmem;

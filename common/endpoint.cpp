@@ -58,10 +58,6 @@ fi_addr_t Endpoint::Insert(std::span<const uint8_t> address) {
   return addr;
 }
 
-void Endpoint::Remove(fi_addr_t peer) {
-  fi_av_remove(av.get(), &peer, 1, 0);
-}
-
 void Endpoint::PostRecv(ControlOp& op) {
   op.receive = true;
   FI_CHECK(

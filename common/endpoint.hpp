@@ -31,7 +31,6 @@ struct Endpoint {
   std::vector<uint8_t> Address() const;
   // Inserts a peer's address; throws Error when the provider does not accept it.
   fi_addr_t Insert(std::span<const uint8_t> address);
-  void Remove(fi_addr_t peer);
   void PostRecv(ControlOp& op);
   bool PostSend(ControlOp& op, fi_addr_t dest);  // false: -FI_EAGAIN
   // Sleeps in the CQ's wait fd until it has something, or `timeout_ms` passes.

@@ -173,6 +173,19 @@ TEST_P(Hostile, HugeRequestsAreRefused) {
   EXPECT_NE(done.out.find("--client-memory"), std::string::npos) << done.out;
 }
 
+// 6b. The same requests with a per-client limit that would take them but a server-wide one
+// that would not: --server-memory bounds what all clients together hold (16 strangers once
+// pinned 16 GiB of a server with the defaults).
+TEST_P(Hostile, ServerMemoryBoundsAllClients) {
+  Attacked server(stage(), provider(), {"--client-memory", "4g", "--server-memory", "512m"});
+  ASSERT_FALSE(server.address().empty());
+  Result attack = server.Attack("big-requests");
+  ASSERT_EQ(attack.exit_code, 0) << attack.out << attack.err;
+  server.ExpectServed();
+  Result done = server.Stop();
+  EXPECT_NE(done.out.find("(--server-memory)"), std::string::npos) << done.out;
+}
+
 // 4. A client that never reads: every answer of the server's finds no buffer.
 TEST_P(Hostile, ClientThatNeverReads) {
   Attacked server(stage(), provider());

@@ -16,6 +16,7 @@
 #include <rdma/fi_errno.h>
 #include <rdma/fi_rma.h>
 
+#include <signal.h>
 #include <sys/resource.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -391,6 +392,22 @@ int main(int argc, char** argv) {
       std::printf("bye-then-big: sent %llu TRANSFERs of 2000 pages after BYE\n",
                   static_cast<unsigned long long>(sent));
       Leave(0);
+    }
+    if (what == "transfer-die") {
+      // Connects, sends a TRANSFER longer than shm's inline size and dies at once, before the
+      // server has read it: shm then copies it from a process that is gone.
+      auto p = Open(options, server, true);
+      RegisterRegion(*p, 64 << 20);
+      if (!SendMessage(*p, ConnectOf(*p, 64 << 20), deadline)) throw Error(p->last_error);
+      if (!WaitFor(
+              *p, [&] { return p->received > 0; }, deadline))
+        throw Error("no answer to CONNECT from the server");
+      for (uint64_t i = 0; i < count; ++i)
+        SendMessage(*p, TransferOf(static_cast<uint32_t>(i + 1), 2000, 4096, 1), deadline);
+      std::printf("transfer-die: sent %llu TRANSFERs of 2000 pages, dying\n",
+                  static_cast<unsigned long long>(count));
+      std::fflush(stdout);
+      kill(getpid(), SIGKILL);
     }
     if (what == "stranger-bye") {
       // A process that never connected sends BYE, a TRANSFER and a malformed message, --count
