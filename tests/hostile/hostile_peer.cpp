@@ -354,22 +354,6 @@ int main(int argc, char** argv) {
                   static_cast<unsigned long long>(count));
       Leave(0);
     }
-    if (what == "vanish") {
-      // --count clients CONNECT, are accepted, and vanish without BYE: their places must not
-      // stay taken for good.
-      std::vector<std::unique_ptr<Peer>> peers;
-      for (uint64_t i = 0; i < count && Clock::now() < deadline; ++i)
-        peers.push_back(Open(options, server, true));
-      for (auto& p : peers) SendMessage(*p, ConnectOf(*p, 1 << 20), deadline);
-      size_t accepted = 0;
-      for (auto& p : peers) {
-        WaitFor(
-            *p, [&] { return p->received > 0; }, deadline);
-        accepted += p->last_text == "ACCEPT";
-      }
-      std::printf("vanish: %zu clients, %zu accepted, gone without BYE\n", peers.size(), accepted);
-      Leave(0);
-    }
     if (what == "bye-then-big") {
       // Connects, says BYE, waits until the server has forgotten it (--hold seconds), then
       // sends a TRANSFER longer than shm's inline messages (2000 pages: 8 KiB) from the same
