@@ -220,6 +220,7 @@ void PrintHeader(const char* role, const Network& net) {
 struct Client {
   wire::RemoteRegion region;
   uint32_t session = 0;           // the token its messages carry (docs/wire-protocol.md)
+  uint32_t nonce = 0;             // its CONNECT's token: a CONNECT again with it is a repeat
   Clock::time_point last_seen{};  // its last message
 };
 
@@ -317,7 +318,7 @@ int ServerMain(const Options& options) {
       std::chrono::duration<double>(options.peer_timeout_s));
 
   Mail mail(net, kRecvDepth, kRecvDepth);
-  Departures departures(net.av.get(), *net.info);  // peers leave the AV here
+  Departures departures(net.av.get(), *net.info, own_address);  // peers leave the AV here
   std::map<fi_addr_t, Client> clients;
   std::deque<Received> inbox;
   std::list<std::unique_ptr<Request>> active;
@@ -477,7 +478,8 @@ int ServerMain(const Options& options) {
         lost.emplace(client, "silent for " + std::to_string(options.peer_timeout_s) + " s");
     }
     std::erase_if(departed, [&](const auto& d) {
-      if (busy(d.first) && Clock::now() - d.second < limit) return false;
+      if ((busy(d.first) || departures.Waiting(d.first)) && Clock::now() - d.second < limit)
+        return false;
       mail.Forget(d.first);  // nothing may be posted to an address that left the AV
       departures.Remove(d.first);
       return true;
@@ -524,6 +526,20 @@ int ServerMain(const Options& options) {
           std::printf("dropped a CONNECT: %s\n", e.what());
           continue;
         }
+        // Answered only once one comes from the address it names: an address that has not
+        // spoken is never sent to (docs/wire-protocol.md, "Answering only who spoke").
+        if (m.source != client) {
+          std::printf(
+              "a CONNECT not from the address it names: answered once one comes from there\n");
+          if (!clients.count(client)) departed.emplace(client, Clock::now());
+          for (fi_addr_t old : departures.Unverified(client))  // the oldest leave the AV now
+            if (departed.erase(old)) {
+              mail.Forget(old);
+              departures.Remove(old);
+            }
+          continue;
+        }
+        if (clients.count(client) && clients[client].nonce == token) continue;  // a repeat
         departed.erase(client);  // the same address again: it is in use once more
         departures.Revive(client);
         mail.Seal(client, token);  // our answers carry the client's own token back
@@ -533,7 +549,7 @@ int ServerMain(const Options& options) {
           departed.emplace(client, Clock::now());
           continue;
         }
-        clients[client] = Client{connect->lanes[0].region, wire::NewToken(), Clock::now()};
+        clients[client] = Client{connect->lanes[0].region, wire::NewToken(), token, Clock::now()};
         std::printf("client %llu connected: region of %llu bytes\n",
                     static_cast<unsigned long long>(client),
                     static_cast<unsigned long long>(connect->lanes[0].region.length));
@@ -710,7 +726,9 @@ int ClientMain(const Options& options) {
       {net.Address(), net.Advertise(region_mr.get(), region.nic_data(), region.size())});
   mail.Seal(server, from_server.token());  // the server's answers carry it back
   send(connect);
-  while (!accepted && refused.empty()) progress();  // our address is in the server's AV now
+  // Again until answered: the server answers a CONNECT once one came from the address it names.
+  for (ConnectRepeat again; !accepted && refused.empty(); progress())
+    if (mail.Idle() && again.Due()) send(connect);  // our address is in the server's AV now
   if (!accepted) throw Error("the server refused the connection: " + refused);
   // The clock runs from the first request sent to the last WRITE landed: the server's work
   // (filling its pages) counts, and nothing a provider does with completions can shrink it.

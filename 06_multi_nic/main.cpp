@@ -316,7 +316,8 @@ struct Client {
   std::vector<fi_addr_t> addresses;         // per lane, in that lane's AV
   std::vector<wire::RemoteRegion> regions;  // per lane: the same memory, a key per domain
   uint32_t session = 0;                     // the token its messages carry (docs/wire-protocol.md)
-  Clock::time_point last_seen{};            // its last message
+  uint32_t nonce = 0;             // its CONNECT's token: a CONNECT again with it is a repeat
+  Clock::time_point last_seen{};  // its last message
 };
 
 struct Received {
@@ -423,7 +424,7 @@ int ServerMain(const Options& options) {
       std::chrono::duration<double>(options.peer_timeout_s));
 
   Mail mail(net, kRecvDepth, kRecvDepth);
-  Departures departures(net.av.get(), *net.info);  // peers leave lane 0's AV here
+  Departures departures(net.av.get(), *net.info, own_address);  // peers leave lane 0's AV here
   std::map<fi_addr_t, Client> clients;
   std::deque<Received> inbox;
   std::list<std::unique_ptr<Request>> active;
@@ -590,7 +591,8 @@ int ServerMain(const Options& options) {
         lost.emplace(client, "silent for " + std::to_string(options.peer_timeout_s) + " s");
     }
     std::erase_if(departed, [&](const auto& d) {
-      if (busy(d.first) && Clock::now() - d.second.second < limit) return false;
+      if ((busy(d.first) || departures.Waiting(d.first)) && Clock::now() - d.second.second < limit)
+        return false;
       mail.Forget(d.first);  // nothing may be posted to an address that left the AV
       std::vector<fi_addr_t> gone = d.second.first.addresses;
       for (size_t l = 0; l < gone.size(); ++l)
@@ -649,6 +651,24 @@ int ServerMain(const Options& options) {
           continue;
         }
         const fi_addr_t id = client.addresses[0];
+        // Answered only once one comes from the address it names: an address that has not
+        // spoken is never sent to (docs/wire-protocol.md, "Answering only who spoke").
+        if (m.source != id) {
+          std::printf(
+              "a CONNECT not from the address it names: answered once one comes from there\n");
+          if (!clients.count(id) && !departed.count(id))
+            departed[id] = {std::move(client), Clock::now()};
+          for (fi_addr_t old : departures.Unverified(id))  // the oldest leave the AVs now
+            if (auto d = departed.find(old); d != departed.end()) {
+              mail.Forget(old);
+              departures.Remove(old);
+              for (size_t l = 1; l < d->second.first.addresses.size() && !shm; ++l)
+                fi_av_remove(lanes[l].av.get(), &d->second.first.addresses[l], 1, 0);
+              departed.erase(d);
+            }
+          continue;
+        }
+        if (clients.count(id) && clients[id].nonce == token) continue;  // a repeat
         departed.erase(id);  // the same address again: it is in use once more
         departures.Revive(id);
         mail.Seal(id, token);  // our answers carry the client's own token back
@@ -659,6 +679,7 @@ int ServerMain(const Options& options) {
           continue;
         }
         client.session = wire::NewToken();
+        client.nonce = token;
         client.last_seen = Clock::now();
         clients[id] = std::move(client);
         std::printf("client %llu connected: region of %llu bytes, %zu lanes\n",
@@ -844,7 +865,9 @@ int ClientMain(const Options& options) {
          lanes[l].Advertise(region_mrs[l].get(), region.nic_data(), region.size())});
   mail.Seal(server, from_server.token());  // the server's answers carry it back
   send(connect);
-  while (!accepted && refused.empty()) progress();  // our address is in the server's AV now
+  // Again until answered: the server answers a CONNECT once one came from the address it names.
+  for (ConnectRepeat again; !accepted && refused.empty(); progress())
+    if (mail.Idle() && again.Due()) send(connect);  // our address is in the server's AV now
   if (!accepted) throw Error("the server refused the connection: " + refused);
   // The clock runs from the first request sent to the last WRITE landed: the server's work
   // (filling its pages) counts, and nothing a provider does with completions can shrink it.

@@ -414,7 +414,9 @@ Summary RunSession(const Options& options, std::span<const uint8_t> peer, wire::
   }
   mail.Seal(server, from_server.token());  // the server's answers carry it back
   send(connect);
-  while (!accepted) progress();  // our address is in the server's AV now
+  // Again until answered: the server answers a CONNECT once one came from the address it names.
+  for (ConnectRepeat again; !accepted; progress())
+    if (mail.Idle() && again.Due()) send(connect);  // our address is in the server's AV now
   if (warm) {
     send(warmup);
     auto warmed = [&] {

@@ -36,6 +36,7 @@ struct Client {
   std::vector<wire::RemoteRegion> regions;  // per lane
   std::unique_ptr<Session> session;
   uint32_t session_token = 0;  // its messages carry it (docs/wire-protocol.md, "Tokens")
+  uint32_t connect_token = 0;  // its CONNECT's: a CONNECT again with it is a repeat
   size_t open_requests = 0;
   bool leaving = false;  // said BYE: its open requests finish, then it goes
   Clock::time_point last_message, leaving_since{};
@@ -64,9 +65,9 @@ int Serve(const Options& options, const fi_info& control, WaitMode wait, Engine&
       std::chrono::duration<double>(options.peer_timeout_s));
 
   Mail mail(net, kRecvDepth, kSendDepth);
-  Departures departures(net.av.get(), *net.info);  // peers leave the control AV here
-  std::map<uint64_t, Client> clients;              // by number: a number is never given out twice
-  std::map<fi_addr_t, uint64_t> by_source;         // control address -> number
+  Departures departures(net.av.get(), *net.info, own_address);  // peers leave the control AV here
+  std::map<uint64_t, Client> clients;       // by number: a number is never given out twice
+  std::map<fi_addr_t, uint64_t> by_source;  // control address -> number
   std::deque<Received> inbox;
   std::map<fi_addr_t, std::string> lost;            // peers a send failed for
   std::map<fi_addr_t, Clock::time_point> departed;  // control AV entries to remove
@@ -164,7 +165,8 @@ int Serve(const Options& options, const fi_info& control, WaitMode wait, Engine&
       }
     }
     std::erase_if(departed, [&](const auto& d) {
-      if (mail.Busy(d.first) && Clock::now() - d.second < limit) return false;
+      if ((mail.Busy(d.first) || departures.Waiting(d.first)) && Clock::now() - d.second < limit)
+        return false;
       if (!by_source.count(d.first)) {
         mail.Forget(d.first);  // nothing may be posted to an address that left the AV
         departures.Remove(d.first);
@@ -203,13 +205,36 @@ int Serve(const Options& options, const fi_info& control, WaitMode wait, Engine&
         std::printf("dropped a server's message from %s: a server never answers one\n",
                     c ? ("client " + std::to_string(c->number)).c_str() : "a stranger");
       } else if (auto* connect = std::get_if<wire::Connect>(&message)) {
-        const uint64_t number = ++arrivals;
         const std::vector<uint8_t> reply =
             connect->reply.empty() ? connect->lanes[0].address : connect->reply;
         if (reply == own_address) {
           std::printf("dropped a CONNECT that names this server's own address\n");
           continue;
         }
+        fi_addr_t id = FI_ADDR_UNSPEC;
+        try {
+          id = net.Insert(reply);
+        } catch (const Error& e) {
+          std::printf("dropped a CONNECT: %s\n", e.what());
+          continue;
+        }
+        // Answered only once one comes from the address it names: an address that has not
+        // spoken is never sent to (docs/wire-protocol.md, "Answering only who spoke").
+        if (m.source != id) {
+          std::printf(
+              "a CONNECT not from the address it names: answered once one comes from there\n");
+          if (!by_source.count(id)) departed.emplace(id, Clock::now());
+          for (fi_addr_t old : departures.Unverified(id))  // the oldest leave the AV now
+            if (departed.erase(old)) {
+              mail.Forget(old);
+              departures.Remove(old);
+            }
+          continue;
+        }
+        if (auto it = by_source.find(id);
+            it != by_source.end() && clients.at(it->second).connect_token == token)
+          continue;  // a repeat of a CONNECT answered already
+        const uint64_t number = ++arrivals;
         // Whoever names a connected client's control address cannot be answered without
         // answering that client: dropped. Whoever names its lanes would have us write into
         // its region with its keys: refused.
@@ -233,13 +258,6 @@ int Serve(const Options& options, const fi_info& control, WaitMode wait, Engine&
               "dropped a CONNECT from client %llu: it names the address of a connected "
               "client\n",
               static_cast<unsigned long long>(number));
-          continue;
-        }
-        fi_addr_t id = FI_ADDR_UNSPEC;
-        try {
-          id = net.Insert(reply);
-        } catch (const Error& e) {
-          std::printf("dropped a CONNECT: %s\n", e.what());
           continue;
         }
         departed.erase(id);
@@ -279,6 +297,7 @@ int Serve(const Options& options, const fi_info& control, WaitMode wait, Engine&
         }
         client.session = std::move(session);
         client.session_token = wire::NewToken();
+        client.connect_token = token;
         client.last_message = Clock::now();
         by_source[id] = number;
         std::printf("client %llu connected: region of %llu bytes, %s; set-up %.1f ms\n",

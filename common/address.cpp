@@ -101,6 +101,18 @@ void CheckAddress(std::span<const uint8_t> address, const fi_info& info) {
     if (!printable)
       throw UsageError("address " + ToHex(address).substr(0, 80) + " is not a " + provider +
                        " address (a NUL-terminated name such as fi_shm://1234)");
+    // An shm name is a file of /dev/shm that its endpoint created. Over libfabric 1.17, 254
+    // CONNECTs naming files nobody created filled a server's AV (shm's holds 256) although
+    // it removed all but 193 of them (Hostile.KilledClientThenManyNewAddresses): such a name
+    // is refused here, before it reaches the AV.
+    const std::string name(reinterpret_cast<const char*>(address.data()), address.size() - 1);
+    constexpr std::string_view kPrefix = "fi_shm://";
+    struct stat st {};
+    if (provider == "shm" && name.rfind(kPrefix, 0) == 0 &&
+        name.find('/', kPrefix.size()) == std::string::npos &&
+        stat(("/dev/shm/" + name.substr(kPrefix.size())).c_str(), &st) != 0)
+      throw Error("no shm endpoint is named " + name + " (no /dev/shm/" +
+                  name.substr(kPrefix.size()) + "): is it running?");
   }
 }
 

@@ -9,6 +9,11 @@
 // it, and the session token drops whatever its stale id still delivers. libfabric 2.x's shm
 // survives a removed peer's message (the reproducer's test says so), so there peers leave
 // at once.
+//
+// shm 1.17 also names fi_addr_t 0 as the source of a message from a sender not in the AV
+// (a stranger's, or a client's first CONNECT). The server's own address takes fi_addr_t 0
+// there, inserted before any peer's, so that such a message is credited to nobody it could
+// answer (docs/wire-protocol.md, "Answering only who spoke").
 #pragma once
 
 #include <rdma/fabric.h>
@@ -17,6 +22,9 @@
 #include <algorithm>
 #include <cstring>
 #include <deque>
+#include <vector>
+
+#include "error.hpp"
 
 namespace common {
 
@@ -24,15 +32,21 @@ class Departures {
  public:
   static constexpr size_t kParked = 128;
 
-  Departures(fid_av* av, const fi_info& info)
+  // Before any peer is inserted into `av`; `own`: the address of the endpoint bound to it.
+  Departures(fid_av* av, const fi_info& info, const std::vector<uint8_t>& own)
       : av_(av),
-        park_(std::strcmp(info.fabric_attr->prov_name, "shm") == 0 && FI_MAJOR(fi_version()) < 2) {}
+        park_(std::strcmp(info.fabric_attr->prov_name, "shm") == 0 && FI_MAJOR(fi_version()) < 2) {
+    fi_addr_t self = FI_ADDR_UNSPEC;
+    if (park_ && (fi_av_insert(av_, own.data(), 1, &self, 0, nullptr) != 1 || self != 0))
+      throw Error("shm: our own address did not take fi_addr_t 0 in a new AV");
+  }
 
   // Whether removals wait here instead of reaching the provider at once.
   bool parks() const { return park_; }
 
   // `peer` has gone: out of the AV now, or (shm 1.17) once kParked others have gone after it.
   void Remove(fi_addr_t peer) {
+    std::erase(unverified_, peer);
     if (!park_) {
       fi_av_remove(av_, &peer, 1, 0);
       return;
@@ -46,12 +60,35 @@ class Departures {
   }
 
   // `peer` came again (the AV gave its address the same fi_addr_t): it is no longer departed.
-  void Revive(fi_addr_t peer) { std::erase(parked_, peer); }
+  void Revive(fi_addr_t peer) {
+    std::erase(parked_, peer);
+    std::erase(unverified_, peer);
+  }
+
+  // `peer` was inserted for a CONNECT that did not come from it, and waits in the AV for one
+  // that does. At most kUnverified wait at once, so that CONNECTs naming new addresses cannot
+  // fill the AV (shm's holds 256): returns those beyond it, oldest first, to leave now.
+  std::vector<fi_addr_t> Unverified(fi_addr_t peer) {
+    std::erase(unverified_, peer);
+    unverified_.push_back(peer);
+    std::vector<fi_addr_t> evicted;
+    while (unverified_.size() > kUnverified) {
+      evicted.push_back(unverified_.front());
+      unverified_.pop_front();
+    }
+    return evicted;
+  }
+  static constexpr size_t kUnverified = 64;
+  // Whether `peer` still waits for its CONNECT from itself (it stays in the AV meanwhile).
+  bool Waiting(fi_addr_t peer) const {
+    return std::find(unverified_.begin(), unverified_.end(), peer) != unverified_.end();
+  }
 
  private:
   fid_av* av_;
   bool park_;
   std::deque<fi_addr_t> parked_;
+  std::deque<fi_addr_t> unverified_;
 };
 
 }  // namespace common

@@ -202,4 +202,25 @@ class ServerFilter {
   std::string last_;
 };
 
+// A client's CONNECT, sent again until the server answers. A server answers a CONNECT only
+// once one has come from the address it names, and learns that address from the first, so
+// the first is never answered (docs/wire-protocol.md, "Answering only who spoke"). Again
+// after 10 ms, then twice as long each time, up to 500 ms; the server drops the repeats of a
+// CONNECT it has answered (they carry the same token).
+class ConnectRepeat {
+ public:
+  using Clock = std::chrono::steady_clock;
+  // True when the CONNECT is due again, counting from the last time this said so.
+  bool Due() {
+    if (Clock::now() - last_ < wait_) return false;
+    last_ = Clock::now();
+    wait_ = std::min<Clock::duration>(wait_ * 2, std::chrono::milliseconds(500));
+    return true;
+  }
+
+ private:
+  Clock::time_point last_ = Clock::now();
+  Clock::duration wait_ = std::chrono::milliseconds(10);
+};
+
 }  // namespace common

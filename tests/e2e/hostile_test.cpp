@@ -126,6 +126,50 @@ TEST_P(Hostile, ConnectNamingNobody) {
   ASSERT_FALSE(server.address().empty());
   Result attack = server.Attack("connect-nowhere");
   ASSERT_EQ(attack.exit_code, 0) << attack.out << attack.err;
+  // Over shm the name is refused before it reaches the AV (nobody created it in /dev/shm);
+  // over tcp the address goes in and waits for a CONNECT of its own that never comes.
+  const char* expected = provider() == "shm" ? "dropped a CONNECT: no shm endpoint is named"
+                                             : "a CONNECT not from the address it names";
+  ASSERT_TRUE(WaitForOutput(server.process(), expected, 20s)) << server.process().Output();
+  server.ExpectServed();
+  server.Stop();
+}
+
+// A CONNECT naming another endpoint, one that never spoke to the server, sent again and again
+// as an unanswered client would: the server never sends it anything (docs/wire-protocol.md,
+// "Answering only who spoke"), and the sender gets nothing either.
+TEST_P(Hostile, ConnectNamingAnotherIsNeverAnswered) {
+  Attacked server(stage(), provider());
+  ASSERT_FALSE(server.address().empty());
+  Result attack = server.Attack("connect-reflect", {"--seconds", "2"});
+  ASSERT_NE(attack.out.find("connect-reflect: sent "), std::string::npos)
+      << attack.out << attack.err;
+  EXPECT_GT(NumberAfter(attack.out, "connect-reflect: sent "), 3) << attack.out;
+  EXPECT_NE(attack.out.find("1 other endpoints; they received 0 messages, the sender 0"),
+            std::string::npos)
+      << attack.out << "\nserver:\n"
+      << server.process().Output();
+  server.ExpectServed();
+  server.Stop();
+}
+
+// A client that spoke and was killed (SIGKILL: it closes nothing), then CONNECTs naming 300
+// endpoints that never spoke, so that the server's AV hands out more than shm's
+// 256 slots and the killed client's comes round again: shm then crashed the first send to
+// such an address, 1.17 and 2.6 (ProviderFault.ShmSendAfterAKilledPeer). The server sends
+// nothing to an address that has not spoken, and serves the next client.
+TEST_P(Hostile, KilledClientThenManyNewAddresses) {
+  Attacked server(stage(), provider());
+  ASSERT_FALSE(server.address().empty());
+  Result died = server.Attack("transfer-die");
+  ASSERT_NE(died.out.find("transfer-die: sent 1 TRANSFERs"), std::string::npos)
+      << died.out << died.err;
+  // 300 over shm; over tcp, whose AV has no such bound, 20 (each endpoint takes a while).
+  const std::string n = provider() == "shm" ? "300" : "20";
+  Result attack = server.Attack("connect-reflect", {"--count", n, "--seconds", "2"});
+  ASSERT_NE(attack.out.find("naming " + n + " other endpoints; they received 0 messages"),
+            std::string::npos)
+      << attack.out << attack.err;
   server.ExpectServed();
   server.Stop();
 }
@@ -519,6 +563,22 @@ TEST(ProviderFault, ShmMessageFromARemovedPeer) {
     EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
     EXPECT_NE(r.out.find("survived"), std::string::npos) << r.out;
   }
+}
+
+// The provider fault behind "Answering only who spoke" (docs/wire-protocol.md), with no project
+// code: after a peer that had spoken was killed and removed, shm's stale id for it crashes the
+// first send to an address that takes its slot without having spoken (1.17 and 2.6). Should a
+// libfabric stop crashing here, this fails and says so.
+TEST(ProviderFault, ShmSendAfterAKilledPeer) {
+  const char* build = std::getenv("E2E_BUILD_DIR");
+  ASSERT_NE(build, nullptr);
+  Result r = RunToEnd({std::string(build) + "/tests/shm_removed_peer", "killed-peer"}, 30s);
+  ASSERT_NE(r.out.find("libfabric "), std::string::npos) << r.out << r.err;
+  ASSERT_NE(r.out.find("killed, removed"), std::string::npos) << r.out << r.err;
+  EXPECT_NE(r.exit_code, 0) << r.out << r.err;
+  EXPECT_EQ(r.out.find("survived"), std::string::npos)
+      << "this libfabric's shm no longer crashes here: docs/wire-protocol.md can say so\n"
+      << r.out << r.err;
 }
 
 TEST(AddressFile, UnwritableSaysWhyAndDevicesStayDevices) {

@@ -34,6 +34,7 @@
 #include "error.hpp"
 #include "fabric_handles.hpp"
 #include "host_buffer.hpp"
+#include "mailbox.hpp"
 #include "options.hpp"
 #include "program.hpp"
 #include "protocol.hpp"
@@ -188,6 +189,25 @@ bool WaitFor(Peer& p, Done done, Clock::time_point deadline) {
   return false;
 }
 
+// Waits for the server's answer to `c`, sending it again as a client does (the server answers
+// a CONNECT once one came from the address it names); true once one more message than
+// `before` has come.
+bool AwaitAnswer(Peer& p, const wire::Connect& c, size_t before, Clock::time_point deadline) {
+  common::ConnectRepeat again;
+  while (Clock::now() < deadline) {
+    Poll(p);
+    if (p.received > before) return true;
+    if (again.Due() && !SendMessage(p, c, deadline)) return false;
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  return false;
+}
+
+bool Connect(Peer& p, const wire::Connect& c, Clock::time_point deadline) {
+  const size_t before = p.received;
+  return SendMessage(p, c, deadline) && AwaitAnswer(p, c, before, deadline);
+}
+
 // A CONNECT for `p`: its own address on one lane, a region it advertises (of `region` bytes
 // at address 0 with key 1; nothing is registered there: the server must never write).
 // Registers `bytes` of memory for the server's WRITEs and advertises it, as a client does.
@@ -327,17 +347,63 @@ int main(int argc, char** argv) {
         address[2] = 40000 >> 8;  // this host, where nothing listens
         address[3] = 40000 & 0xff;
       } else {
-        const std::string name = "fi_shm://nobody-" + std::to_string(getpid());
+        const std::string name = "fi_shm://" + std::to_string(getpid()) + ":nobody";
         address.assign(name.begin(), name.end());
         address.push_back(0);
       }
-      for (uint64_t i = 0; i < count; ++i)
-        if (!SendMessage(*p, ConnectOf(*p, 1 << 20, address), deadline))
+      // Each CONNECT names an address of its own (the next port; "-N" after the shm name),
+      // so that the server's AV takes a new entry for each (over shm, a name without a file in
+      // /dev/shm: the server refuses it before its AV).
+      std::vector<uint8_t> first = address;
+      for (uint64_t i = 0; i < count; ++i) {
+        std::vector<uint8_t> named = address;
+        if (what == "connect-nowhere" && tcp) {
+          const unsigned port = 40000 + static_cast<unsigned>(i % 20000);
+          named[2] = static_cast<uint8_t>(port >> 8);
+          named[3] = static_cast<uint8_t>(port & 0xff);
+        } else if (what == "connect-nowhere" && i > 0) {
+          named.pop_back();
+          for (char c : "-" + std::to_string(i)) named.push_back(static_cast<uint8_t>(c));
+          named.push_back(0);
+        }
+        if (!SendMessage(*p, ConnectOf(*p, 1 << 20, named), deadline))
           throw Error("could not send CONNECT: " + p->last_error);
+      }
       WaitFor(
           *p, [&] { return p->sends >= count; }, deadline);
-      std::printf("sent %llu CONNECTs naming %s\n", static_cast<unsigned long long>(count),
-                  ToHex(address).c_str());
+      std::printf("sent %llu CONNECTs naming %s%s\n", static_cast<unsigned long long>(count),
+                  ToHex(first).c_str(), count > 1 ? " and the next ones" : "");
+      Leave(0);
+    }
+    if (what == "connect-reflect") {
+      // CONNECTs that name other endpoints of ours, victims that never spoke to the server,
+      // sent as a client sends its own (again and again for --seconds, as if unanswered).
+      // A server that answered them would make anyone its sender of messages to anyone. The
+      // victims (--count of them, each named by CONNECTs of its own) listen all along and
+      // count what reaches them.
+      auto p = Open(options, server, true);
+      std::vector<std::unique_ptr<Peer>> victims;
+      for (uint64_t i = 0; i < count; ++i) victims.push_back(Open(options, server, true));
+      const Clock::time_point until =  // --seconds from here: opening them takes a while
+          Clock::now() +
+          std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+      std::vector<wire::Connect> connects;
+      for (auto& v : victims) connects.push_back(ConnectOf(*p, 1 << 20, v->Address()));
+      common::ConnectRepeat again;
+      uint64_t sent = 0;
+      for (bool first = true; Clock::now() < until; first = false) {
+        if (first || again.Due())
+          for (const auto& c : connects) sent += SendMessage(*p, c, until);
+        Poll(*p);
+        for (auto& v : victims) Poll(*v);
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+      }
+      size_t reached = 0;
+      for (auto& v : victims) reached += v->received;
+      std::printf(
+          "connect-reflect: sent %llu CONNECTs naming %zu other endpoints; they received "
+          "%zu messages, the sender %zu\n",
+          static_cast<unsigned long long>(sent), victims.size(), reached, p->received);
       Leave(0);
     }
     if (what == "connect-self") {
@@ -359,9 +425,7 @@ int main(int argc, char** argv) {
       // sends a TRANSFER longer than shm's inline messages (2000 pages: 8 KiB) from the same
       // endpoint: the server's AV no longer knows it (libfabric 1.17's shm once crashed there).
       auto p = Open(options, server, true);
-      if (!SendMessage(*p, ConnectOf(*p, 64 << 20), deadline)) throw Error(p->last_error);
-      if (!WaitFor(
-              *p, [&] { return p->received > 0; }, deadline))
+      if (!Connect(*p, ConnectOf(*p, 64 << 20), deadline))
         throw Error("no answer to CONNECT from the server");
       if (!SendMessage(*p, wire::Bye{}, deadline)) throw Error(p->last_error);
       WaitFor(
@@ -382,9 +446,7 @@ int main(int argc, char** argv) {
       // server has read it: shm then copies it from a process that is gone.
       auto p = Open(options, server, true);
       RegisterRegion(*p, 64 << 20);
-      if (!SendMessage(*p, ConnectOf(*p, 64 << 20), deadline)) throw Error(p->last_error);
-      if (!WaitFor(
-              *p, [&] { return p->received > 0; }, deadline))
+      if (!Connect(*p, ConnectOf(*p, 64 << 20), deadline))
         throw Error("no answer to CONNECT from the server");
       for (uint64_t i = 0; i < count; ++i)
         SendMessage(*p, TransferOf(static_cast<uint32_t>(i + 1), 2000, 4096, 1), deadline);
@@ -434,10 +496,7 @@ int main(int argc, char** argv) {
       // Connects, then never posts a receive again and never reads a completion, while
       // asking for pages outside its region: every answer the server sends finds no buffer.
       auto p = Open(options, server, true);
-      if (!SendMessage(*p, ConnectOf(*p, 4096), deadline)) throw Error(p->last_error);
-      if (!WaitFor(
-              *p, [&] { return p->received > 0; }, deadline))
-        throw Error("no ACCEPT from the server");
+      if (!Connect(*p, ConnectOf(*p, 4096), deadline)) throw Error("no ACCEPT from the server");
       uint64_t sent = 0;
       for (; sent < count && Clock::now() < deadline; ++sent) {
         auto bytes =
@@ -464,8 +523,7 @@ int main(int argc, char** argv) {
       size_t accepted = 0, refused = 0;
       std::string refusal;
       for (auto& p : peers) {
-        WaitFor(
-            *p, [&] { return p->received > 0; }, deadline);
+        AwaitAnswer(*p, ConnectOf(*p, 1 << 20), 0, deadline);
         if (p->last_text == "ACCEPT") {
           ++accepted;
         } else if (!p->last_text.empty()) {
@@ -485,10 +543,7 @@ int main(int argc, char** argv) {
       const bool big = what == "big-requests";
       const uint64_t region = big ? (4ull << 30) : (64ull << 20);
       if (!big) RegisterRegion(*p, region);  // a real one: its WRITEs land and complete
-      if (!SendMessage(*p, ConnectOf(*p, region, {}, big ? (3ull << 30) : (1 << 20)), deadline))
-        throw Error(p->last_error);
-      if (!WaitFor(
-              *p, [&] { return p->received > 0; }, deadline))
+      if (!Connect(*p, ConnectOf(*p, region, {}, big ? (3ull << 30) : (1 << 20)), deadline))
         throw Error("no answer to CONNECT from the server");
       if (p->last_text != "ACCEPT") {  // 07 weighs the memory asked for at CONNECT
         std::printf("%s: refused at CONNECT: %s\n", what.c_str(), p->last_text.c_str());
@@ -526,9 +581,7 @@ int main(int argc, char** argv) {
             *p, [&] { return false; }, Clock::now() + std::chrono::milliseconds(20));
       }
       // The same breakages from a connected client, which the server answers with ERROR.
-      if (!SendMessage(*p, ConnectOf(*p, 1 << 20), deadline)) throw Error(p->last_error);
-      WaitFor(
-          *p, [&] { return p->received > 0; }, deadline);
+      Connect(*p, ConnectOf(*p, 1 << 20), deadline);
       const size_t before = p->received;
       for (auto& [name, bytes] : Malformed(*p)) {
         if (Send(*p, Stamped(*p, bytes), deadline)) ++sent;

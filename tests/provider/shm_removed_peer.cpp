@@ -1,5 +1,8 @@
-// shm_removed_peer: libfabric's shm provider alone, no project code: does a process survive a
-// message longer than shm's inline size (4 KiB) from a peer it has removed from its AV?
+// shm_removed_peer: libfabric's shm provider alone, no project code. Two faults of a peer
+// that left the AV, each its own scenario.
+//
+// long-message: does a process survive a message longer than shm's inline size (4 KiB) from a
+// peer it has removed from its AV?
 //
 // libfabric 1.17 (Debian 12, Ubuntu 22.04 and 24.04): no. fi_av_remove unmaps the peer's
 // region while the peer keeps the id it was given; the peer's next long message (one that shm
@@ -8,8 +11,19 @@
 // such peers in the AV on shm 1.17 (common/departures.hpp); tests/e2e/hostile_test.cpp
 // (MessageFromAForgottenPeer) holds the stages to it.
 //
-//   shm_removed_peer           the receiver: starts the peer, prints what happened, exit 0
-//   shm_removed_peer peer HEX  (started by the receiver)
+// killed-peer: does a process survive sending to a new address after a peer that had spoken
+// to it was killed (SIGKILL) and removed from its AV? shm keeps, in the receiver's own region,
+// the id each peer gave it; a peer that closes its endpoint clears it, a killed one cannot,
+// and fi_av_remove does not (smr_map_del in prov/shm/src/smr_av.c, 2.6). The AV's slots are
+// handed out in turn, 256 of them; when the killed peer's slot comes round to an address that
+// has not spoken to us, the stale id makes shm skip mapping the new peer's region and send
+// through a null one: SIGSEGV in fi_send (smr_generic_sendmsg), 1.17 and 2.6 alike. The
+// stages never send first to an address that has not spoken to them from itself
+// (docs/wire-protocol.md, "Answering only who spoke"), which keeps them clear of it.
+//
+//   shm_removed_peer [long-message|killed-peer]   the receiver: starts the peer, prints what
+//                                                  happened, exit 0 (long-message by default)
+//   shm_removed_peer peer HEX | stay HEX          (started by the receiver)
 // It prints "libfabric X.Y", then "survived" (exit 0); a crash ends it by SIGSEGV.
 #include <rdma/fabric.h>
 #include <rdma/fi_cm.h>
@@ -17,6 +31,7 @@
 #include <rdma/fi_endpoint.h>
 #include <rdma/fi_errno.h>
 
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -108,11 +123,38 @@ bool PollOne(const Ep& e, double seconds, fi_addr_t* source = nullptr) {
   return false;
 }
 
-int Peer(const std::string& hex) {
-  Ep e = Open();
-  std::vector<uint8_t> receiver;
+std::vector<uint8_t> Unhex(const std::string& hex) {
+  std::vector<uint8_t> bytes;
   for (size_t i = 0; i + 1 < hex.size(); i += 2)
-    receiver.push_back(static_cast<uint8_t>(std::stoi(hex.substr(i, 2), nullptr, 16)));
+    bytes.push_back(static_cast<uint8_t>(std::stoi(hex.substr(i, 2), nullptr, 16)));
+  return bytes;
+}
+
+// Starts this program as the peer `mode`, given the receiver's address.
+pid_t StartPeer(const char* self, const char* mode, const Ep& receiver) {
+  const std::string hex = Hex(Name(receiver));
+  const pid_t child = fork();
+  if (child == 0) {
+    execl("/proc/self/exe", self, mode, hex.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  return child;
+}
+
+// Waits up to 5 s for the peer's first message; its bytes are its address.
+bool FirstMessage(const Ep& e) {
+  fi_cq_data_entry entry;
+  for (int i = 0; i < 50000; ++i) {
+    if (fi_cq_read(e.cq, &entry, 1) == 1) return true;
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+  std::printf("no first message from the peer\n");
+  return false;
+}
+
+int Peer(const std::string& hex, bool stay) {
+  Ep e = Open();
+  std::vector<uint8_t> receiver = Unhex(hex);
   fi_addr_t to = FI_ADDR_UNSPEC;
   if (fi_av_insert(e.av, receiver.data(), 1, &to, 0, nullptr) != 1) return 1;
   std::vector<uint8_t> name = Name(e), big(8192, 0x5a);
@@ -121,6 +163,10 @@ int Peer(const std::string& hex) {
   while (fi_send(e.ep, name.data(), name.size(), nullptr, to, &ctx[0]) == -FI_EAGAIN)
     PollOne(e, 0.001);
   PollOne(e, 2);
+  if (stay) {  // until killed: the receiver keeps the id we gave it
+    std::this_thread::sleep_for(std::chrono::seconds(30));
+    return 0;
+  }
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
   // Then a long one from the same endpoint, to a receiver that no longer knows us.
   while (fi_send(e.ep, big.data(), big.size(), nullptr, to, &ctx[1]) == -FI_EAGAIN)
@@ -130,36 +176,16 @@ int Peer(const std::string& hex) {
   return 0;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  setvbuf(stdout, nullptr, _IOLBF, 0);
-  if (argc == 3 && std::string(argv[1]) == "peer") return Peer(argv[2]);
-  std::printf("libfabric %u.%u\n", FI_MAJOR(fi_version()), FI_MINOR(fi_version()));
+int LongMessage(const char* self) {
   Ep e = Open();
   std::vector<uint8_t> buffer(64 * 1024);
   fi_context2 ctx;
   Check(
       static_cast<int>(fi_recv(e.ep, buffer.data(), buffer.size(), nullptr, FI_ADDR_UNSPEC, &ctx)),
       "fi_recv");
-  const std::string hex = Hex(Name(e));
-  const pid_t child = fork();
-  if (child == 0) {
-    execl("/proc/self/exe", argv[0], "peer", hex.c_str(), static_cast<char*>(nullptr));
-    _exit(127);
-  }
-  fi_cq_data_entry entry;
-  fi_addr_t from = FI_ADDR_UNSPEC;
-  bool got = false;
-  for (int i = 0; i < 50000 && !got; ++i) {
-    got = fi_cq_readfrom(e.cq, &entry, 1, &from) == 1;
-    if (!got) std::this_thread::sleep_for(std::chrono::microseconds(100));
-  }
-  if (!got) {
-    std::printf("no first message from the peer\n");
-    return 1;
-  }
-  fi_addr_t peer = FI_ADDR_UNSPEC;
+  const pid_t child = StartPeer(self, "peer", e);
+  if (!FirstMessage(e)) return 1;
+  fi_addr_t peer = FI_ADDR_UNSPEC, from = FI_ADDR_UNSPEC;
   if (fi_av_insert(e.av, buffer.data(), 1, &peer, 0, nullptr) != 1) return 1;
   std::printf("peer inserted as %llu, now removed\n", static_cast<unsigned long long>(peer));
   Check(fi_av_remove(e.av, &peer, 1, 0), "fi_av_remove");
@@ -172,4 +198,57 @@ int main(int argc, char** argv) {
   int status = 0;
   waitpid(child, &status, 0);
   return 0;
+}
+
+int KilledPeer(const char* self) {
+  Ep e = Open();
+  std::vector<uint8_t> buffer(64 * 1024);
+  fi_context2 ctx;
+  Check(
+      static_cast<int>(fi_recv(e.ep, buffer.data(), buffer.size(), nullptr, FI_ADDR_UNSPEC, &ctx)),
+      "fi_recv");
+  const pid_t child = StartPeer(self, "stay", e);
+  if (!FirstMessage(e)) return 1;
+  fi_addr_t peer = FI_ADDR_UNSPEC;
+  if (fi_av_insert(e.av, buffer.data(), 1, &peer, 0, nullptr) != 1) return 1;
+  kill(child, SIGKILL);
+  int status = 0;
+  waitpid(child, &status, 0);
+  Check(fi_av_remove(e.av, &peer, 1, 0), "fi_av_remove");
+  std::printf("peer inserted as %llu, killed, removed\n", static_cast<unsigned long long>(peer));
+  // Addresses nobody listens at, each sent one message and removed: the 257th takes the
+  // killed peer's slot again. A sound provider answers each send with -FI_EAGAIN (or takes it).
+  std::vector<uint8_t> nowhere = buffer;
+  nowhere.resize(std::strlen(reinterpret_cast<const char*>(buffer.data())));
+  nowhere.insert(nowhere.end(), {'-', 'x', '0', '0', '0', '\0'});
+  char one = 1;
+  int inserted = 0;
+  for (int i = 0; i < 300; ++i) {
+    std::snprintf(reinterpret_cast<char*>(nowhere.data() + nowhere.size() - 4), 4, "%03d", i);
+    fi_addr_t to = FI_ADDR_UNSPEC;
+    if (fi_av_insert(e.av, nowhere.data(), 1, &to, 0, nullptr) != 1) continue;
+    ++inserted;
+    fi_context2 send_ctx;
+    (void)fi_send(e.ep, &one, 1, nullptr, to, &send_ctx);
+    PollOne(e, 0.001);
+    Check(fi_av_remove(e.av, &to, 1, 0), "fi_av_remove");
+  }
+  std::printf("sent to %d addresses nobody listens at\nsurvived\n", inserted);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  setvbuf(stdout, nullptr, _IOLBF, 0);
+  if (argc == 3 && std::string(argv[1]) == "peer") return Peer(argv[2], false);
+  if (argc == 3 && std::string(argv[1]) == "stay") return Peer(argv[2], true);
+  const std::string scenario = argc > 1 ? argv[1] : "long-message";
+  if (scenario != "long-message" && scenario != "killed-peer") {
+    std::fprintf(stderr, "shm_removed_peer: invalid scenario '%s' (long-message or killed-peer)\n",
+                 scenario.c_str());
+    return 2;
+  }
+  std::printf("libfabric %u.%u\n", FI_MAJOR(fi_version()), FI_MINOR(fi_version()));
+  return scenario == "killed-peer" ? KilledPeer(argv[0]) : LongMessage(argv[0]);
 }
