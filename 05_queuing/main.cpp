@@ -521,7 +521,8 @@ int ServerMain(const Options& options) {
         }
         fi_addr_t client = FI_ADDR_UNSPEC;
         try {
-          client = net.AddPeerAddress(connect->lanes[0].address);
+          client = departures.Insert(connect->lanes[0].address,
+                                     [&](const auto& a) { return net.AddPeerAddress(a); });
         } catch (const Error& e) {
           std::printf("dropped a CONNECT: %s\n", e.what());
           continue;
@@ -727,8 +728,12 @@ int ClientMain(const Options& options) {
   mail.Seal(server, from_server.token());  // the server's answers carry it back
   send(connect);
   // Again until answered: the server answers a CONNECT once one came from the address it names.
-  for (ConnectRepeat again; !accepted && refused.empty(); progress())
+  for (ConnectRepeat again; !accepted && refused.empty(); progress()) {
+    if (again.Expired(limit))  // a server that has never heard us takes none of our CONNECTs
+      Abandon(kProgram, "no answer to our CONNECT within " + std::to_string(options.timeout_s) +
+                            " s (is the server running at that address?)");
     if (mail.Idle() && again.Due()) send(connect);  // our address is in the server's AV now
+  }
   if (!accepted) throw Error("the server refused the connection: " + refused);
   // The clock runs from the first request sent to the last WRITE landed: the server's work
   // (filling its pages) counts, and nothing a provider does with completions can shrink it.

@@ -641,13 +641,19 @@ int ServerMain(const Options& options) {
         const size_t used = std::min(lanes.size(), connect->lanes.size());
         try {
           for (size_t l = 0; l < used; ++l) {
-            client.addresses.push_back(lanes[l].AddPeerAddress(connect->lanes[l].address));
+            client.addresses.push_back(
+                l == 0 ? departures.Insert(connect->lanes[0].address,
+                                           [&](const auto& a) { return net.AddPeerAddress(a); })
+                       : lanes[l].AddPeerAddress(connect->lanes[l].address));
             client.regions.push_back(connect->lanes[l].region);
           }
         } catch (const Error& e) {
           std::printf("dropped a CONNECT: %s\n", e.what());
           for (size_t l = 0; l < client.addresses.size(); ++l)
-            fi_av_remove(lanes[l].av.get(), &client.addresses[l], 1, 0);
+            if (l > 0)
+              fi_av_remove(lanes[l].av.get(), &client.addresses[l], 1, 0);
+            else if (!clients.count(client.addresses[0]) && !departed.count(client.addresses[0]))
+              departures.Remove(client.addresses[0]);  // unless someone's it stays
           continue;
         }
         const fi_addr_t id = client.addresses[0];
@@ -866,8 +872,12 @@ int ClientMain(const Options& options) {
   mail.Seal(server, from_server.token());  // the server's answers carry it back
   send(connect);
   // Again until answered: the server answers a CONNECT once one came from the address it names.
-  for (ConnectRepeat again; !accepted && refused.empty(); progress())
+  for (ConnectRepeat again; !accepted && refused.empty(); progress()) {
+    if (again.Expired(limit))  // a server that has never heard us takes none of our CONNECTs
+      Abandon(kProgram, "no answer to our CONNECT within " + std::to_string(options.timeout_s) +
+                            " s (is the server running at that address?)");
     if (mail.Idle() && again.Due()) send(connect);  // our address is in the server's AV now
+  }
   if (!accepted) throw Error("the server refused the connection: " + refused);
   // The clock runs from the first request sent to the last WRITE landed: the server's work
   // (filling its pages) counts, and nothing a provider does with completions can shrink it.

@@ -415,8 +415,12 @@ Summary RunSession(const Options& options, std::span<const uint8_t> peer, wire::
   mail.Seal(server, from_server.token());  // the server's answers carry it back
   send(connect);
   // Again until answered: the server answers a CONNECT once one came from the address it names.
-  for (ConnectRepeat again; !accepted; progress())
+  for (ConnectRepeat again; !accepted; progress()) {
+    if (again.Expired(limit))  // a server that has never heard us takes none of our CONNECTs
+      Abandon(kProgram, "no answer to our CONNECT within " + FormatSeconds(limit) +
+                            " (is the server running at that address?)");
     if (mail.Idle() && again.Due()) send(connect);  // our address is in the server's AV now
+  }
   if (warm) {
     send(warmup);
     auto warmed = [&] {

@@ -213,7 +213,7 @@ int Serve(const Options& options, const fi_info& control, WaitMode wait, Engine&
         }
         fi_addr_t id = FI_ADDR_UNSPEC;
         try {
-          id = net.Insert(reply);
+          id = departures.Insert(reply, [&](const auto& a) { return net.Insert(a); });
         } catch (const Error& e) {
           std::printf("dropped a CONNECT: %s\n", e.what());
           continue;

@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <cstring>
 #include <deque>
+#include <map>
 #include <vector>
 
 #include "error.hpp"
@@ -44,17 +45,30 @@ class Departures {
   // Whether removals wait here instead of reaching the provider at once.
   bool parks() const { return park_; }
 
+  // `address`'s fi_addr_t: the one it has in the AV already, else `insert(address)`'s. An
+  // address goes into the AV once: libfabric's AVs count insertions of the same address,
+  // and shm's fills up (256) on them although each fi_av_remove unmaps the peer (2.6,
+  // smr_av_insert and smr_av_remove): a client's CONNECT, sent again until answered, would
+  // otherwise take a place of the AV for good each time.
+  template <typename Inserter>
+  fi_addr_t Insert(const std::vector<uint8_t>& address, Inserter&& insert) {
+    if (auto it = book_.find(address); it != book_.end()) return it->second;
+    const fi_addr_t id = insert(address);
+    book_[address] = id;
+    return id;
+  }
+
   // `peer` has gone: out of the AV now, or (shm 1.17) once kParked others have gone after it.
   void Remove(fi_addr_t peer) {
     std::erase(unverified_, peer);
     if (!park_) {
-      fi_av_remove(av_, &peer, 1, 0);
+      Leave(peer);
       return;
     }
     Revive(peer);
     parked_.push_back(peer);
     while (parked_.size() > kParked) {
-      fi_av_remove(av_, &parked_.front(), 1, 0);
+      Leave(parked_.front());
       parked_.pop_front();
     }
   }
@@ -85,7 +99,13 @@ class Departures {
   }
 
  private:
+  void Leave(fi_addr_t peer) {
+    fi_av_remove(av_, &peer, 1, 0);
+    std::erase_if(book_, [&](const auto& entry) { return entry.second == peer; });
+  }
+
   fid_av* av_;
+  std::map<std::vector<uint8_t>, fi_addr_t> book_;  // what is in the AV, by address
   bool park_;
   std::deque<fi_addr_t> parked_;
   std::deque<fi_addr_t> unverified_;

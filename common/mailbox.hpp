@@ -217,9 +217,12 @@ class ConnectRepeat {
     wait_ = std::min<Clock::duration>(wait_ * 2, std::chrono::milliseconds(500));
     return true;
   }
+  // Whether `limit` has passed since the first CONNECT without an answer: the client gives up.
+  bool Expired(Clock::duration limit) const { return Clock::now() - first_ > limit; }
 
  private:
-  Clock::time_point last_ = Clock::now();
+  Clock::time_point first_ = Clock::now();
+  Clock::time_point last_ = first_;
   Clock::duration wait_ = std::chrono::milliseconds(10);
 };
 
