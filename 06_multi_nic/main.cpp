@@ -874,8 +874,8 @@ int ClientMain(const Options& options) {
   // Again until answered: the server answers a CONNECT once one came from the address it names.
   for (ConnectRepeat again; !accepted && refused.empty(); progress()) {
     if (again.Expired(limit))  // a server that has never heard us takes none of our CONNECTs
-      Abandon(kProgram, "no answer to our CONNECT within " + std::to_string(options.timeout_s) +
-                            " s (is the server running at that address?)");
+      Abandon(kProgram, "no answer from the server within " + std::to_string(options.timeout_s) +
+                            " s to our CONNECT (is it running at that address?)");
     if (mail.Idle() && again.Due()) send(connect);  // our address is in the server's AV now
   }
   if (!accepted) throw Error("the server refused the connection: " + refused);

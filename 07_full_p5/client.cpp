@@ -417,8 +417,8 @@ Summary RunSession(const Options& options, std::span<const uint8_t> peer, wire::
   // Again until answered: the server answers a CONNECT once one came from the address it names.
   for (ConnectRepeat again; !accepted; progress()) {
     if (again.Expired(limit))  // a server that has never heard us takes none of our CONNECTs
-      Abandon(kProgram, "no answer to our CONNECT within " + FormatSeconds(limit) +
-                            " (is the server running at that address?)");
+      Abandon(kProgram, "no answer from the server within " + FormatSeconds(limit) +
+                            " to our CONNECT (is it running at that address?)");
     if (mail.Idle() && again.Due()) send(connect);  // our address is in the server's AV now
   }
   if (warm) {

@@ -112,7 +112,7 @@ void CheckAddress(std::span<const uint8_t> address, const fi_info& info) {
         name.find('/', kPrefix.size()) == std::string::npos &&
         stat(("/dev/shm/" + name.substr(kPrefix.size())).c_str(), &st) != 0)
       throw Error("no shm endpoint is named " + name + " (no /dev/shm/" +
-                  name.substr(kPrefix.size()) + "): is it running?");
+                  name.substr(kPrefix.size()) + "): is that server or peer running?");
   }
 }
 
