@@ -176,22 +176,25 @@ int Peer(const std::string& hex, bool stay) {
   return 0;
 }
 
+// Posts one receive of `buffer`'s size.
+void PostRecv(const Ep& e, std::vector<uint8_t>& buffer, fi_context2& ctx) {
+  Check(
+      static_cast<int>(fi_recv(e.ep, buffer.data(), buffer.size(), nullptr, FI_ADDR_UNSPEC, &ctx)),
+      "fi_recv");
+}
+
 int LongMessage(const char* self) {
   Ep e = Open();
   std::vector<uint8_t> buffer(64 * 1024);
   fi_context2 ctx;
-  Check(
-      static_cast<int>(fi_recv(e.ep, buffer.data(), buffer.size(), nullptr, FI_ADDR_UNSPEC, &ctx)),
-      "fi_recv");
+  PostRecv(e, buffer, ctx);
   const pid_t child = StartPeer(self, "peer", e);
   if (!FirstMessage(e)) return 1;
   fi_addr_t peer = FI_ADDR_UNSPEC, from = FI_ADDR_UNSPEC;
   if (fi_av_insert(e.av, buffer.data(), 1, &peer, 0, nullptr) != 1) return 1;
   std::printf("peer inserted as %llu, now removed\n", static_cast<unsigned long long>(peer));
   Check(fi_av_remove(e.av, &peer, 1, 0), "fi_av_remove");
-  Check(
-      static_cast<int>(fi_recv(e.ep, buffer.data(), buffer.size(), nullptr, FI_ADDR_UNSPEC, &ctx)),
-      "fi_recv");
+  PostRecv(e, buffer, ctx);
   const bool second = PollOne(e, 5, &from);
   std::printf("%s\nsurvived\n",
               second ? "its long message arrived" : "its long message never came");
@@ -204,9 +207,7 @@ int KilledPeer(const char* self) {
   Ep e = Open();
   std::vector<uint8_t> buffer(64 * 1024);
   fi_context2 ctx;
-  Check(
-      static_cast<int>(fi_recv(e.ep, buffer.data(), buffer.size(), nullptr, FI_ADDR_UNSPEC, &ctx)),
-      "fi_recv");
+  PostRecv(e, buffer, ctx);
   const pid_t child = StartPeer(self, "stay", e);
   if (!FirstMessage(e)) return 1;
   fi_addr_t peer = FI_ADDR_UNSPEC;
