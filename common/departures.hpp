@@ -14,12 +14,18 @@
 // (a stranger's, or a client's first CONNECT). The server's own address takes fi_addr_t 0
 // there, inserted before any peer's, so that such a message is credited to nobody it could
 // answer (docs/wire-protocol.md, "Answering only who spoke").
+//
+// One shm 1.17 fault no server can keep clear of: a local process that sends to us and closes
+// its endpoint before we read its first message ends us by SIGSEGV in fi_cq_read (shm reads
+// the region of a name whose file has gone; tests/provider/shm_removed_peer closed-peer).
+// A server over shm 1.x says so when it starts.
 #pragma once
 
 #include <rdma/fabric.h>
 #include <rdma/fi_domain.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <deque>
 #include <map>
@@ -40,6 +46,12 @@ class Departures {
     fi_addr_t self = FI_ADDR_UNSPEC;
     if (park_ && (fi_av_insert(av_, own.data(), 1, &self, 0, nullptr) != 1 || self != 0))
       throw Error("shm: our own address did not take fi_addr_t 0 in a new AV");
+    if (park_)
+      std::printf(
+          "warning: libfabric %u.%u's shm ends this server if a local process sends to it and "
+          "exits before its first message is read; to face untrusted local processes, serve "
+          "over tcp or with libfabric 2.x\n",
+          FI_MAJOR(fi_version()), FI_MINOR(fi_version()));
   }
 
   // Whether removals wait here instead of reaching the provider at once.

@@ -581,6 +581,41 @@ TEST(ProviderFault, ShmSendAfterAKilledPeer) {
       << r.out << r.err;
 }
 
+// The shm 1.17 fault no server can keep clear of, with no project code: a peer whose first
+// message is still unread when it closes its endpoint crashes the receiver in fi_cq_read
+// (2.x drops it). Servers over shm 1.x warn of it when they start (common/departures.hpp);
+// should a 1.x build stop crashing here, this fails and the warning can go.
+TEST(ProviderFault, ShmFirstMessageOfAClosedPeer) {
+  const char* build = std::getenv("E2E_BUILD_DIR");
+  ASSERT_NE(build, nullptr);
+  Result r = RunToEnd({std::string(build) + "/tests/shm_removed_peer", "closed-peer"}, 30s);
+  ASSERT_NE(r.out.find("libfabric "), std::string::npos) << r.out << r.err;
+  ASSERT_NE(r.out.find("the peer sent once and closed (exit 0)"), std::string::npos)
+      << r.out << r.err;
+  const bool one = r.out.find("libfabric 1.") != std::string::npos;
+  if (one) {
+    EXPECT_NE(r.exit_code, 0) << r.out;
+    EXPECT_NE(r.err.find("signal 11"), std::string::npos)
+        << "libfabric 1.x's shm no longer crashes here: common/departures.hpp need not warn\n"
+        << r.out << r.err;
+    EXPECT_EQ(r.out.find("survived"), std::string::npos) << r.out;
+  } else {
+    EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+    EXPECT_NE(r.out.find("survived"), std::string::npos) << r.out;
+  }
+  // And a server over shm says so when it starts, on 1.x only.
+  StageServer server("07_full_p5", "shm", 0);
+  ASSERT_FALSE(server.address().empty());
+  server.process().Signal(SIGTERM);
+  Result done = server.Wait(10s);
+  EXPECT_EQ(done.exit_code, 0) << done.out << done.err;
+  EXPECT_EQ(done.out.find("warning: libfabric 1.17's shm ends this server if a local process "
+                          "sends to it and exits before its first message is read") !=
+                std::string::npos,
+            one)
+      << done.out;
+}
+
 TEST(AddressFile, UnwritableSaysWhyAndDevicesStayDevices) {
   Result full = RunToEnd(
       {StageBinary("05_queuing"), "-p", "shm", "--memory", "host", "--address-file", "/dev/full"},

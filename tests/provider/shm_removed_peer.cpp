@@ -21,9 +21,18 @@
 // stages never send first to an address that has not spoken to them from itself
 // (docs/wire-protocol.md, "Answering only who spoke"), which keeps them clear of it.
 //
-//   shm_removed_peer [long-message|killed-peer]   the receiver: starts the peer, prints what
-//                                                  happened, exit 0 (long-message by default)
-//   shm_removed_peer peer HEX | stay HEX          (started by the receiver)
+// closed-peer: does a process survive the first message of a peer that closed its endpoint
+// (and so removed its file in /dev/shm) before the message was read? A peer's first message
+// to us is preceded by a request to map it, carrying its name. libfabric 1.17: no. Reading
+// that request, shm maps the name, finds no file, ignores the error and reads the null region
+// (smr_progress_connreq in prov/shm/src/smr_progress.c, 1.17): SIGSEGV inside fi_cq_read.
+// 2.x checks the mapping and drops the request. Nothing the receiver does before fi_cq_read
+// can avoid it: any local process that sends one message and exits before we read it ends us.
+//
+//   shm_removed_peer [long-message|killed-peer|closed-peer]   the receiver: starts the peer,
+//                                                  prints what happened, exit 0 (long-message
+//                                                  by default)
+//   shm_removed_peer peer HEX | stay HEX | close HEX   (started by the receiver)
 // It prints "libfabric X.Y", then "survived" (exit 0); a crash ends it by SIGSEGV.
 #include <rdma/fabric.h>
 #include <rdma/fi_cm.h>
@@ -152,18 +161,30 @@ bool FirstMessage(const Ep& e) {
   return false;
 }
 
-int Peer(const std::string& hex, bool stay) {
+// A peer that sends its name, then: (peer) a long message after the receiver removed it;
+// (stay) waits to be killed; (close) tries once, then closes its endpoint, as a process exits.
+int Peer(const std::string& hex, const std::string& mode) {
   Ep e = Open();
   std::vector<uint8_t> receiver = Unhex(hex);
   fi_addr_t to = FI_ADDR_UNSPEC;
   if (fi_av_insert(e.av, receiver.data(), 1, &to, 0, nullptr) != 1) return 1;
   std::vector<uint8_t> name = Name(e), big(8192, 0x5a);
   fi_context2 ctx[2];
+  if (mode == "close") {
+    // On 1.17 the first fi_send queues the request to map us and returns -FI_EAGAIN until the
+    // receiver has read it; one try is what a process that gives up at once leaves behind.
+    const ssize_t rc = fi_send(e.ep, name.data(), name.size(), nullptr, to, &ctx[0]);
+    if (rc == 0) PollOne(e, 2);
+    for (fid* f : {&e.ep->fid, &e.av->fid, &e.cq->fid, &e.domain->fid, &e.fabric->fid})
+      Check(fi_close(f), "fi_close");
+    fi_freeinfo(e.info);
+    return 0;
+  }
   // First a short message carrying our name: the receiver inserts us, then removes us.
   while (fi_send(e.ep, name.data(), name.size(), nullptr, to, &ctx[0]) == -FI_EAGAIN)
     PollOne(e, 0.001);
   PollOne(e, 2);
-  if (stay) {  // until killed: the receiver keeps the id we gave it
+  if (mode == "stay") {  // until killed: the receiver keeps the id we gave it
     std::this_thread::sleep_for(std::chrono::seconds(30));
     return 0;
   }
@@ -238,18 +259,40 @@ int KilledPeer(const char* self) {
   return 0;
 }
 
+int ClosedPeer(const char* self) {
+  Ep e = Open();
+  std::vector<uint8_t> buffer(64 * 1024);
+  fi_context2 ctx;
+  PostRecv(e, buffer, ctx);
+  // No fi_cq_read until the peer has sent, closed and exited.
+  const pid_t child = StartPeer(self, "close", e);
+  int status = 0;
+  waitpid(child, &status, 0);
+  std::printf("the peer sent once and closed (exit %d)\n",
+              WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+  const bool arrived = PollOne(e, 2);
+  std::printf("%s\nsurvived\n", arrived ? "its message arrived" : "its message never came");
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   setvbuf(stdout, nullptr, _IOLBF, 0);
-  if (argc == 3 && std::string(argv[1]) == "peer") return Peer(argv[2], false);
-  if (argc == 3 && std::string(argv[1]) == "stay") return Peer(argv[2], true);
+  if (argc == 3) {
+    const std::string mode = argv[1];
+    if (mode == "peer" || mode == "stay" || mode == "close") return Peer(argv[2], mode);
+  }
   const std::string scenario = argc > 1 ? argv[1] : "long-message";
-  if (scenario != "long-message" && scenario != "killed-peer") {
-    std::fprintf(stderr, "shm_removed_peer: invalid scenario '%s' (long-message or killed-peer)\n",
+  if (scenario != "long-message" && scenario != "killed-peer" && scenario != "closed-peer") {
+    std::fprintf(stderr,
+                 "shm_removed_peer: invalid scenario '%s' (long-message, killed-peer or "
+                 "closed-peer)\n",
                  scenario.c_str());
     return 2;
   }
   std::printf("libfabric %u.%u\n", FI_MAJOR(fi_version()), FI_MINOR(fi_version()));
-  return scenario == "killed-peer" ? KilledPeer(argv[0]) : LongMessage(argv[0]);
+  if (scenario == "killed-peer") return KilledPeer(argv[0]);
+  if (scenario == "closed-peer") return ClosedPeer(argv[0]);
+  return LongMessage(argv[0]);
 }
