@@ -231,7 +231,7 @@ struct Session : service::Session {
   std::string Describe() const override;
   std::string Dispatch(wire::Transfer transfer) override;
   Report Poll() override;
-  bool Stop() override;
+  bool Stop(const std::function<void()>& meanwhile = {}) override;
   std::string Totals() const override;
 
   std::vector<std::vector<uint8_t>> addresses;  // per lane used

@@ -7,6 +7,7 @@
 #include <map>
 #include <set>
 #include <thread>
+#include <utility>
 
 #include "address.hpp"
 #include "completion.hpp"
@@ -110,7 +111,10 @@ int Serve(const Options& options, const fi_info& control, WaitMode wait, Engine&
     auto it = clients.find(number);
     if (it == clients.end()) return;
     Client& c = it->second;
-    const bool stopped = c.session->Stop();
+    // While its threads stop, the control queue is still read: over shm 1.17 a peer that
+    // closes before its first message is read crashes us (docs/architecture.md), and a
+    // stuck thread makes Stop wait 2 s.
+    const bool stopped = c.session->Stop([&] { progress(); });
     std::printf("client %llu %s: %s\n", static_cast<unsigned long long>(number), how.c_str(),
                 c.session->Totals().c_str());
     if (!stopped) {
@@ -128,9 +132,8 @@ int Serve(const Options& options, const fi_info& control, WaitMode wait, Engine&
 
   while (!StopRequested() && (options.exit_after == 0 || served < options.exit_after)) {
     bool busy = progress() > 0;
-    for (const auto& [peer, why] : lost)
+    for (const auto& [peer, why] : std::exchange(lost, {}))  // close() reads more of them
       if (auto it = by_source.find(peer); it != by_source.end()) close(it->second, "lost: " + why);
-    lost.clear();
 
     // Each session: requests finished, failures, and signs of life.
     for (auto it = clients.begin(); it != clients.end();) {

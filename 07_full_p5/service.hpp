@@ -11,6 +11,7 @@
 #include <rdma/fabric.h>
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -41,9 +42,10 @@ class Session {
     Clock::time_point last_completion{};
   };
   virtual Report Poll() = 0;
-  // Stops its threads, at most a few seconds; false when one is stuck inside the provider and
-  // cannot be stopped (the session must then never be freed).
-  virtual bool Stop() = 0;
+  // Stops its threads, at most a few seconds, calling `meanwhile` every millisecond while it
+  // waits (the server's control loop keeps reading its queue); false when one is stuck inside
+  // the provider and cannot be stopped (the session must then never be freed).
+  virtual bool Stop(const std::function<void()>& meanwhile = {}) = 0;
   // The session's totals for the server's last line about it ("131104 WRITEs, ... bytes").
   virtual std::string Totals() const = 0;
 };

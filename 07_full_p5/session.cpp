@@ -108,7 +108,7 @@ service::Session::Report Session::Poll() {
 // Stops the threads and waits for them; destroying the session then frees the rest. False
 // when a thread is stuck in the provider and cannot be stopped: it is left running at idle
 // priority (it only gets a CPU nobody else wants), and its session is never freed.
-bool Session::Stop() {
+bool Session::Stop(const std::function<void()>& meanwhile) {
   stop = true;
   for (auto& w : workers) {
     {
@@ -119,8 +119,10 @@ bool Session::Stop() {
   const auto deadline = Clock::now() + std::chrono::seconds(2);  // a loop takes <= 100 ms
   bool all = true;
   for (auto& w : workers) {
-    while (!w->exited && Clock::now() < deadline)
+    while (!w->exited && Clock::now() < deadline) {
+      if (meanwhile) meanwhile();
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
     if (w->exited) {
       if (w->thread.joinable()) w->thread.join();
       continue;
