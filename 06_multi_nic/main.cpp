@@ -725,32 +725,9 @@ int ServerMain(const Options& options) {
   return kExitOk;                            // endpoints, before their pages go
 }
 
-// Checks every requested page against the seed's data; throws naming the first bad byte.
-uint64_t VerifyPages(std::span<const uint8_t> region, const wire::Transfer& request) {
-  for (size_t i = 0; i < request.pages.size(); ++i) {
-    const uint64_t at = request.pages[i] * request.page_size;
-    size_t bad = VerifyPage(region.subspan(at, request.page_size), request.seed, request.pages[i]);
-    if (bad != kPageOk)
-      throw Error("verification failed: page " + std::to_string(i) + " (region page " +
-                  std::to_string(request.pages[i]) + ") differs at byte offset " +
-                  std::to_string(bad));
-  }
-  return request.pages.size() * request.page_size;
-}
-
-void CheckRequestSize(const Options& options) {
-  if (options.page_size == 0 || options.page_size > wire::kMaxPageBytes)
-    throw UsageError("invalid --page-size " + std::to_string(options.page_size) + " (1 to " +
-                     std::to_string(wire::kMaxPageBytes) + ")");
-  if (options.pages == 0 || options.pages > wire::kMaxPagesPerRequest)
-    throw UsageError("invalid --pages " + std::to_string(options.pages) + " (1 to " +
-                     std::to_string(wire::kMaxPagesPerRequest) + " per request)");
-  if (options.pages * options.page_size > wire::kMaxRequestBytes)
-    throw UsageError("--pages x --page-size is " +
-                     std::to_string(options.pages * options.page_size) + " bytes, over the " +
-                     std::to_string(wire::kMaxRequestBytes) + " a request may hold");
-  if (options.repeat == 0 || options.repeat > wire::kMaxRepeat)
-    throw UsageError("invalid --repeat " + std::to_string(options.repeat));
+// --requests and --window, besides what the wire allows of a request (CheckRequestSize).
+void CheckClientOptions(const Options& options) {
+  CheckRequestSize(options);
   if (options.requests == 0 || options.requests > kMaxRequestsInFlight)
     throw UsageError("invalid --requests " + std::to_string(options.requests) + " (1 to " +
                      std::to_string(kMaxRequestsInFlight) + ")");
@@ -759,7 +736,7 @@ void CheckRequestSize(const Options& options) {
 
 int ClientMain(const Options& options) {
   const std::vector<uint8_t> peer = FromHex(options.peer);
-  CheckRequestSize(options);
+  CheckClientOptions(options);
   const auto began = Clock::now();
   std::vector<Network> lanes = OpenLanes(options, peer);
   Network& net = lanes[0];  // control messages travel on lane 0
@@ -899,7 +876,8 @@ int ClientMain(const Options& options) {
   std::span<uint8_t> view = region.HostView();
   if (options.test_corrupt) view[requests[0].pages[0] * options.page_size + 1] ^= 0x5a;
   uint64_t verified = 0;
-  for (const auto& request : requests) verified += VerifyPages(view, request);
+  for (const auto& request : requests)
+    verified += VerifyPages(view, request.pages, request.page_size, request.seed);
 
   Summary summary;
   summary.bytes = arrived_total * options.page_size;

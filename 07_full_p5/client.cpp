@@ -34,34 +34,9 @@ std::string FormatSeconds(Clock::duration d) {
 }
 }  // namespace
 
-// Checks every requested page against the seed's data, in the region of the lane it came
-// on; throws naming the first bad byte.
-uint64_t VerifyPages(const std::vector<std::span<const uint8_t>>& lane_views,
-                     const wire::Transfer& request) {
-  for (size_t i = 0; i < request.pages.size(); ++i) {
-    const uint64_t at = request.pages[i] * request.page_size;
-    std::span<const uint8_t> region = lane_views[i % lane_views.size()];
-    size_t bad = VerifyPage(region.subspan(at, request.page_size), request.seed, request.pages[i]);
-    if (bad != kPageOk)
-      throw Error("verification failed: page " + std::to_string(i) + " (region page " +
-                  std::to_string(request.pages[i]) + ") differs at byte offset " +
-                  std::to_string(bad));
-  }
-  return request.pages.size() * request.page_size;
-}
-void CheckRequestSize(const Options& options) {
-  if (options.page_size == 0 || options.page_size > wire::kMaxPageBytes)
-    throw UsageError("invalid --page-size " + std::to_string(options.page_size) + " (1 to " +
-                     std::to_string(wire::kMaxPageBytes) + ")");
-  if (options.pages == 0 || options.pages > wire::kMaxPagesPerRequest)
-    throw UsageError("invalid --pages " + std::to_string(options.pages) + " (1 to " +
-                     std::to_string(wire::kMaxPagesPerRequest) + " per request)");
-  if (options.pages * options.page_size > wire::kMaxRequestBytes)
-    throw UsageError("--pages x --page-size is " +
-                     std::to_string(options.pages * options.page_size) + " bytes, over the " +
-                     std::to_string(wire::kMaxRequestBytes) + " a request may hold");
-  if (options.repeat == 0 || options.repeat > wire::kMaxRepeat)
-    throw UsageError("invalid --repeat " + std::to_string(options.repeat));
+// The engine's options, besides what the wire allows of a request (CheckRequestSize).
+void CheckClientOptions(const Options& options) {
+  CheckRequestSize(options);
   if (options.requests == 0 || options.requests > kMaxRequestsInFlight)
     throw UsageError("invalid --requests " + std::to_string(options.requests) + " (1 to " +
                      std::to_string(kMaxRequestsInFlight) + ")");
@@ -167,7 +142,7 @@ Summary RunSession(const Options& options, std::span<const uint8_t> peer, wire::
   // Control messages have an endpoint of their own, as on the server: the data lanes' CQs
   // then belong to the receiving threads alone.
   Network control = Network::Open(FiInfoPtr(fi_dupinfo(plan.lanes[0].get())), wait);
-  const fi_addr_t server = control.AddPeerAddress(peer);
+  const fi_addr_t server = control.Insert(peer);
   control.memory =
       ChooseMemoryPath(control.domain.get(), *control.info, memory, options.gpu_path, no_hmem);
   std::vector<Network> lanes;
@@ -468,7 +443,8 @@ Summary RunSession(const Options& options, std::span<const uint8_t> peer, wire::
   std::vector<std::span<const uint8_t>> lane_views;
   for (size_t l = 0; l < lanes.size(); ++l) lane_views.push_back(views.at(plan.group_of[l]));
   uint64_t verified = 0;
-  for (const auto& request : requests) verified += VerifyPages(lane_views, request);
+  for (const auto& request : requests)
+    verified += VerifyPages(lane_views, request.pages, request.page_size, request.seed);
 
   Summary summary;
   summary.bytes = arrived_total() * options.page_size;

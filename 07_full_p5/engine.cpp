@@ -51,7 +51,7 @@ void OpenLanes(Worker& w) {
   Session& s = *w.session;
   for (size_t l = w.first_lane; l < w.first_lane + w.lane_count; ++l) {
     w.lanes.push_back(Network::Open(DataLane(*s.plan->lanes[l]), s.wait));
-    w.dest.push_back(w.lanes.back().AddPeerAddress(s.addresses[l]));
+    w.dest.push_back(w.lanes.back().Insert(s.addresses[l]));
     w.writers.push_back(w.lanes.back().Address());
   }
   const uint64_t bytes = std::max<uint64_t>(s.engine.memory * w.lane_count, 4096);

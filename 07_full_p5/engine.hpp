@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "completion.hpp"
+#include "endpoint.hpp"
 #include "fabric_handles.hpp"
 #include "host_buffer.hpp"
 #include "mailbox.hpp"
@@ -66,11 +67,11 @@ struct Op {
 inline Op* OpOf(void* context) {
   return reinterpret_cast<Op*>(context);
 }
-class Network {
+// A lane's endpoint: common::Endpoint's objects (fabric, domain, CQ, AV, endpoint, opened as
+// 03-06 open theirs), with 07's operations and where its pages live.
+class Network : public Endpoint {
  public:
   static Network Open(FiInfoPtr nic, WaitMode wait);
-  std::vector<uint8_t> Address() const;
-  fi_addr_t AddPeerAddress(std::span<const uint8_t> address);
   wire::RemoteRegion Advertise(fid_mr* mr, const void* data, size_t size) const;
   void PostRecv(Op& op);
   bool PostSend(Op& op, fi_addr_t dest);
@@ -88,15 +89,7 @@ class Network {
         [&](const CompletionError& e) { on_error(OpOf(e.op_context), e); });
   }
 
-  // Declared in creation order, so they are closed in reverse.
-  FiInfoPtr info;
-  FabricPtr fabric;
-  DomainPtr domain;
-  CqPtr cq;
-  AvPtr av;
-  EpPtr ep;
   MemoryPath memory;    // where our pages live and how they reach the NIC (common/registration)
-  int wait_fd = -1;     // the CQ's file descriptor with --wait block
   bool source = false;  // completions name their sender (FI_SOURCE): control endpoints only
 };
 // The lanes: every group's NICs, group after group, and which group each lane belongs to.
@@ -275,7 +268,7 @@ class Engine : public service::Engine {
 };
 
 // The client (client.cpp).
-void CheckRequestSize(const Options& options);
+void CheckClientOptions(const Options& options);
 wire::Engine EngineFromOptions(const Options& options);
 Summary RunSession(const Options& options, std::span<const uint8_t> peer, wire::Engine engine,
                    bool warm, bool print);

@@ -118,57 +118,9 @@ WaitMode ChooseWaitMode(WaitMode requested, const fi_info& nic) {
 }
 Network Network::Open(FiInfoPtr nic, WaitMode wait) {
   Network net;
-  net.info = std::move(nic);
+  static_cast<Endpoint&>(net) = Endpoint::Open(*nic, wait == WaitMode::kBlock);
   net.source = (net.info->caps & FI_SOURCE) != 0;
-  fid_fabric* fabric = nullptr;
-  FI_CHECK(fi_fabric(net.info->fabric_attr, &fabric, nullptr));
-  net.fabric.reset(fabric);
-  fid_domain* domain = nullptr;
-  FI_CHECK(fi_domain(net.fabric.get(), net.info.get(), &domain, nullptr));
-  net.domain.reset(domain);
-
-  fi_cq_attr cq_attr{};
-  cq_attr.format = FI_CQ_FORMAT_DATA;  // with the immediate data of remote writes
-  // Spin: we poll. Block: a file descriptor we can sleep on, for all lanes at once.
-  cq_attr.wait_obj = wait == WaitMode::kBlock ? FI_WAIT_FD : FI_WAIT_NONE;
-  fid_cq* cq = nullptr;
-  int rc = fi_cq_open(net.domain.get(), &cq_attr, &cq, nullptr);
-  if (rc != 0 && wait == WaitMode::kBlock)
-    throw UsageError(std::string("--wait block: provider ") + net.info->fabric_attr->prov_name +
-                     " has no file-descriptor wait object (" + fi_strerror(-rc) +
-                     "); use --wait spin");
-  FI_CHECK(rc);
-  net.cq.reset(cq);
-  if (wait == WaitMode::kBlock) FI_CHECK(fi_control(&net.cq->fid, FI_GETWAIT, &net.wait_fd));
-
-  fi_av_attr av_attr{};
-  av_attr.type = FI_AV_TABLE;
-  fid_av* av = nullptr;
-  FI_CHECK(fi_av_open(net.domain.get(), &av_attr, &av, nullptr));
-  net.av.reset(av);
-
-  fid_ep* ep = nullptr;
-  FI_CHECK(fi_endpoint(net.domain.get(), net.info.get(), &ep, nullptr));
-  net.ep.reset(ep);
-  FI_CHECK(fi_ep_bind(net.ep.get(), &net.cq->fid, FI_TRANSMIT | FI_RECV));
-  FI_CHECK(fi_ep_bind(net.ep.get(), &net.av->fid, 0));
-  FI_CHECK(fi_enable(net.ep.get()));
   return net;
-}
-std::vector<uint8_t> Network::Address() const {
-  size_t length = 0;
-  fi_getname(&ep->fid, nullptr, &length);  // -FI_ETOOSMALL, and the length we need
-  std::vector<uint8_t> address(length);
-  FI_CHECK(fi_getname(&ep->fid, address.data(), &length));
-  address.resize(length);
-  return address;
-}
-fi_addr_t Network::AddPeerAddress(std::span<const uint8_t> address) {
-  CheckAddress(address, *info);  // a peer's address has this provider's shape, or is refused
-  fi_addr_t addr = FI_ADDR_UNSPEC;
-  int inserted = fi_av_insert(av.get(), address.data(), 1, &addr, 0, nullptr);
-  if (inserted != 1) throw Error("fi_av_insert: the peer address was not accepted");
-  return addr;
 }
 // What the writer needs to reach our region: with FI_MR_VIRT_ADDR, remote addresses are
 // virtual addresses; otherwise (tcp without it, for example) offsets from 0. The key is the
@@ -253,7 +205,7 @@ int ServerMain(const Options& options) {
 }
 int ClientMain(const Options& options) {
   const std::vector<uint8_t> peer = FromHex(options.peer);
-  CheckRequestSize(options);
+  CheckClientOptions(options);
   if (options.ladder) return RunLadder(options, peer);
   PrintSummary(RunSession(options, peer, EngineFromOptions(options), options.warm, true),
                options.json);

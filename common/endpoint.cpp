@@ -24,7 +24,12 @@ Endpoint Endpoint::Open(const fi_info& info, bool wait_fd) {
   cq_attr.format = FI_CQ_FORMAT_DATA;
   cq_attr.wait_obj = wait_fd ? FI_WAIT_FD : FI_WAIT_NONE;
   fid_cq* cq = nullptr;
-  FI_CHECK(fi_cq_open(e.domain.get(), &cq_attr, &cq, nullptr));
+  const int rc = fi_cq_open(e.domain.get(), &cq_attr, &cq, nullptr);
+  if (rc != 0 && wait_fd)
+    throw UsageError(std::string("--wait block: provider ") + e.info->fabric_attr->prov_name +
+                     " has no file-descriptor wait object (" + fi_strerror(-rc) +
+                     "); use --wait spin");
+  FI_CHECK(rc);
   e.cq.reset(cq);
   if (wait_fd) FI_CHECK(fi_control(&e.cq->fid, FI_GETWAIT, &e.wait_fd));
   fi_av_attr av_attr{};

@@ -1,6 +1,7 @@
-// An endpoint and the objects behind it (fabric, domain, CQ, AV), opened in one call, for code
-// around the lessons: 07's service (its control endpoint), the hostile-peer test program and
-// the unit tests. Each stage opens its own (Network::Open): that is what the stages teach.
+// An endpoint and the objects behind it (fabric, domain, CQ, AV), opened in one call, once the
+// lesson of opening them is behind: 07 (its lanes' Network and its service's control
+// endpoint), the hostile-peer test program and the unit tests. Stages 01-06 open their own
+// (Network::Open): that is what they teach.
 #pragma once
 
 #include <rdma/fabric.h>
@@ -26,7 +27,8 @@ struct ControlOp {
 
 struct Endpoint {
   // Opens fabric, domain, CQ (FI_CQ_FORMAT_DATA; with a wait fd when `wait_fd`), AV (table)
-  // and an enabled endpoint for `info`. Throws Error.
+  // and an enabled endpoint for `info`. Throws Error (UsageError when the provider has no
+  // wait fd: the user asked for --wait block).
   static Endpoint Open(const fi_info& info, bool wait_fd = false);
   std::vector<uint8_t> Address() const;
   // Inserts a peer's address; throws Error when the provider does not accept it.

@@ -1,6 +1,7 @@
 #include "options.hpp"
 
 #include "error.hpp"
+#include "protocol.hpp"
 
 #include <cctype>
 #include <cstdio>
@@ -231,6 +232,21 @@ void AddOptions(CLI::App& app, Options& o, unsigned groups) {
                    "written by its --address-file); the server must refuse")
         ->group("");
   }
+}
+
+void CheckRequestSize(const Options& options) {
+  if (options.page_size == 0 || options.page_size > wire::kMaxPageBytes)
+    throw UsageError("invalid --page-size " + std::to_string(options.page_size) + " (1 to " +
+                     std::to_string(wire::kMaxPageBytes) + ")");
+  if (options.pages == 0 || options.pages > wire::kMaxPagesPerRequest)
+    throw UsageError("invalid --pages " + std::to_string(options.pages) + " (1 to " +
+                     std::to_string(wire::kMaxPagesPerRequest) + " per request)");
+  if (options.pages * options.page_size > wire::kMaxRequestBytes)
+    throw UsageError("--pages x --page-size is " +
+                     std::to_string(options.pages * options.page_size) + " bytes, over the " +
+                     std::to_string(wire::kMaxRequestBytes) + " a request may hold");
+  if (options.repeat == 0 || options.repeat > wire::kMaxRepeat)
+    throw UsageError("invalid --repeat " + std::to_string(options.repeat));
 }
 
 int ParseCommandLine(CLI::App& app, int argc, char** argv) {

@@ -78,17 +78,21 @@ enum OptionGroup : unsigned {
 // Adds the groups' options to `app`, storing into `options`.
 void AddOptions(CLI::App& app, Options& options, unsigned groups);
 
-// Parses; returns -1 to go on, or the exit code to return now (0 after --help, 2 after
-// bad usage, with one line on stderr naming the bad value).
 // The options a client sends the server in its CONNECT (07), named for error messages.
 inline constexpr const char* kEngineOptionNames[] = {
     "--no-warmup", "-w",           "--threads", "--no-pin", "--no-shard", "--batch",
     "--doorbell",  "--eager-post", "--no-numa", "--ladder", "-W"};
 
+// Parses; returns -1 to go on, or the exit code to return now (0 after --help, 2 after
+// bad usage, with one line on stderr naming the bad value).
 int ParseCommandLine(CLI::App& app, int argc, char** argv);
 
 // "64k" -> 65536; suffixes k, m, g, t (powers of 1024). Throws UsageError naming `what`.
 uint64_t ParseSize(const std::string& text, const std::string& what);
+
+// A client's request as the wire allows it (03 on): --page-size, --pages, their product and
+// --repeat within common/protocol.hpp's limits. Throws UsageError naming the bad value.
+void CheckRequestSize(const Options& options);
 
 const char* MemoryName(MemoryKind kind);
 const char* GpuPathName(GpuPathMode mode);

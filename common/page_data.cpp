@@ -58,6 +58,18 @@ size_t VerifyPage(std::span<const uint8_t> page, uint64_t seed, uint64_t page_in
   return kPageOk;
 }
 
+uint64_t VerifyPages(std::span<const std::span<const uint8_t>> lanes,
+                     std::span<const uint32_t> pages, uint64_t page_size, uint64_t seed) {
+  for (size_t i = 0; i < pages.size(); ++i) {
+    std::span<const uint8_t> region = lanes[i % lanes.size()];
+    size_t bad = VerifyPage(region.subspan(pages[i] * page_size, page_size), seed, pages[i]);
+    if (bad != kPageOk)
+      throw Error("verification failed: page " + std::to_string(i) + " (region page " +
+                  std::to_string(pages[i]) + ") differs at byte offset " + std::to_string(bad));
+  }
+  return pages.size() * page_size;
+}
+
 std::vector<uint32_t> SamplePages(uint64_t seed, size_t count, size_t region_pages) {
   if (count > region_pages)
     throw UsageError("cannot choose " + std::to_string(count) + " distinct pages out of " +

@@ -16,6 +16,16 @@ void FillPage(std::span<uint8_t> page, uint64_t seed, uint64_t page_index);
 inline constexpr size_t kPageOk = static_cast<size_t>(-1);
 size_t VerifyPage(std::span<const uint8_t> page, uint64_t seed, uint64_t page_index);
 
+// Checks the pages of a request against the seed's data: page i of it sits at
+// pages[i] x page_size in the region of lane i % lanes.size() (one region: one lane). Throws
+// common::Error naming the first bad byte; returns the bytes checked.
+uint64_t VerifyPages(std::span<const std::span<const uint8_t>> lanes,
+                     std::span<const uint32_t> pages, uint64_t page_size, uint64_t seed);
+inline uint64_t VerifyPages(std::span<const uint8_t> region, std::span<const uint32_t> pages,
+                            uint64_t page_size, uint64_t seed) {
+  return VerifyPages({&region, 1}, pages, page_size, seed);
+}
+
 // `count` distinct page indices in [0, region_pages), in random order, from the seed.
 std::vector<uint32_t> SamplePages(uint64_t seed, size_t count, size_t region_pages);
 

@@ -609,10 +609,10 @@ TEST(ProviderFault, ShmFirstMessageOfAClosedPeer) {
   server.process().Signal(SIGTERM);
   Result done = server.Wait(10s);
   EXPECT_EQ(done.exit_code, 0) << done.out << done.err;
-  EXPECT_EQ(done.out.find("warning: libfabric 1.17's shm ends this server if a local process "
-                          "sends to it and exits before its first message is read") !=
-                std::string::npos,
-            one)
+  EXPECT_EQ(
+      done.out.find("warning: libfabric 1.17's shm ends this server if a local process "
+                    "sends to it and exits before its first message is read") != std::string::npos,
+      one)
       << done.out;
 }
 
