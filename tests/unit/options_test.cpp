@@ -2,6 +2,7 @@
 
 #include "error.hpp"
 #include "options.hpp"
+#include "protocol.hpp"
 
 using namespace common;
 
@@ -38,6 +39,33 @@ static int Parse(Options& options, unsigned groups, std::vector<std::string> arg
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   return ParseCommandLine(app, static_cast<int>(argv.size()), argv.data());
+}
+
+TEST(Options, RequestSizeWithinTheWire) {
+  Options o;
+  EXPECT_NO_THROW(CheckRequestSize(o));
+  auto refused = [](Options bad) {
+    try {
+      CheckRequestSize(bad);
+    } catch (const UsageError& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  Options page = o;
+  page.page_size = 0;
+  EXPECT_EQ(refused(page).rfind("invalid --page-size 0 (1 to ", 0), 0u) << refused(page);
+  Options pages = o;
+  pages.pages = wire::kMaxPagesPerRequest + 1;
+  EXPECT_EQ(refused(pages).rfind("invalid --pages " + std::to_string(pages.pages), 0), 0u);
+  Options product = o;
+  product.pages = wire::kMaxPagesPerRequest;
+  product.page_size = wire::kMaxPageBytes;
+  static_assert(wire::kMaxPagesPerRequest * wire::kMaxPageBytes > wire::kMaxRequestBytes);
+  EXPECT_EQ(refused(product).rfind("--pages x --page-size is ", 0), 0u) << refused(product);
+  Options repeat = o;
+  repeat.repeat = 0;
+  EXPECT_EQ(refused(repeat), "invalid --repeat 0");
 }
 
 TEST(Options, DefaultsAndEveryGroup) {

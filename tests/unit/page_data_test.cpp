@@ -39,6 +39,28 @@ TEST(PageData, VerifyNamesTheFirstBadByte) {
   EXPECT_EQ(VerifyPage(zeros, 3, 9), 0u);  // never all zeros
 }
 
+// A request's pages spread over lanes, page i in lane i % lanes: each checked in its own
+// lane's region, the first bad byte named by request page, region page and offset.
+TEST(PageData, VerifyPagesChecksEachInItsLane) {
+  const uint64_t page_size = 100, seed = 11;
+  const std::vector<uint32_t> pages = {3, 0, 2, 1};
+  std::vector<std::vector<uint8_t>> regions(2, std::vector<uint8_t>(4 * page_size));
+  for (size_t i = 0; i < pages.size(); ++i)
+    FillPage(std::span(regions[i % 2]).subspan(pages[i] * page_size, page_size), seed, pages[i]);
+  std::vector<std::span<const uint8_t>> lanes(regions.begin(), regions.end());
+  EXPECT_EQ(VerifyPages(lanes, pages, page_size, seed), pages.size() * page_size);
+  EXPECT_THROW(VerifyPages(lanes[0], pages, page_size, seed), Error);  // one lane: wrong place
+  regions[1][2 * page_size + 7] ^= 1;  // request page 2 is region page 2, in lane 0: untouched
+  EXPECT_EQ(VerifyPages(lanes, pages, page_size, seed), pages.size() * page_size);
+  regions[1][1 * page_size + 7] ^= 1;  // request page 3 is region page 1, in lane 1
+  try {
+    VerifyPages(lanes, pages, page_size, seed);
+    FAIL() << "a bad byte went unnoticed";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "verification failed: page 3 (region page 1) differs at byte offset 7");
+  }
+}
+
 TEST(SamplePages, DistinctInRangeAndDeterministic) {
   for (auto [count, region] :
        {std::pair<size_t, size_t>{10, 10}, {100, 200}, {1000, 100000}, {8192, 16384}, {1, 1}}) {
