@@ -82,20 +82,28 @@ CudaBuffer& CudaBuffer::operator=(CudaBuffer&& other) noexcept {
 
 CudaBuffer::~CudaBuffer() {
   if (data_ == nullptr) return;
+  cudaSetDevice(device_);
   cudaError_t rc = cudaFree(data_);
   if (rc != cudaSuccess) std::fprintf(stderr, "warning: cudaFree: %s\n", cudaGetErrorString(rc));
 }
 
+void CudaBuffer::MakeCurrent() const {
+  CUDA_CHECK(cudaSetDevice(device_));  // with CUDA 12 on, also binds its primary context
+}
+
 void CudaBuffer::CopyFromHost(size_t offset, const void* src, size_t bytes) {
+  MakeCurrent();
   CUDA_CHECK(cudaMemcpy(static_cast<uint8_t*>(data_) + offset, src, bytes, cudaMemcpyHostToDevice));
 }
 
 void CudaBuffer::CopyToHost(void* dst, size_t offset, size_t bytes) const {
+  MakeCurrent();
   CUDA_CHECK(
       cudaMemcpy(dst, static_cast<const uint8_t*>(data_) + offset, bytes, cudaMemcpyDeviceToHost));
 }
 
 void CudaBuffer::CopyFrom(size_t offset, const CudaBuffer& src, size_t src_offset, size_t bytes) {
+  MakeCurrent();
   CUDA_CHECK(cudaMemcpy(static_cast<uint8_t*>(data_) + offset,
                         static_cast<const uint8_t*>(src.data_) + src_offset, bytes,
                         cudaMemcpyDeviceToDevice));
@@ -105,6 +113,7 @@ void CudaBuffer::CopyFrom(size_t offset, const CudaBuffer& src, size_t src_offse
 UniqueFd CudaBuffer::ExportDmabuf(const void* at, size_t size) const {
   const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
   if (reinterpret_cast<uintptr_t>(at) % page != 0 || size % page != 0) return UniqueFd();
+  MakeCurrent();  // cuMemGetHandleForAddressRange needs a current context
   using GetHandle =
       CUresult (*)(void*, CUdeviceptr, size_t, CUmemRangeHandleType, unsigned long long);
   void* fn = nullptr;
@@ -167,6 +176,9 @@ void CudaBuffer::CopyFrom(size_t, const CudaBuffer&, size_t, size_t) {
 }
 UniqueFd CudaBuffer::ExportDmabuf(const void*, size_t) const {
   return UniqueFd();
+}
+void CudaBuffer::MakeCurrent() const {
+  NoCuda();
 }
 PinnedBuffer::PinnedBuffer(size_t) {
   NoCuda();

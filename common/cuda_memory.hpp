@@ -44,6 +44,10 @@ class CudaBuffer {
   void* data() const { return data_; }
   size_t size() const { return size_; }
   int device() const { return device_; }
+  // Makes this buffer's GPU current on the calling thread. A thread starts with no CUDA
+  // context, and the driver API (dmabuf export; the provider's CUDA calls when it registers
+  // the memory) then fails on it: every member below, and RegisterMemory, call it first.
+  void MakeCurrent() const;
   void CopyFromHost(size_t offset, const void* src, size_t bytes);
   void CopyToHost(void* dst, size_t offset, size_t bytes) const;
   // Device to device, within this buffer's GPU; returns once the copy is done.

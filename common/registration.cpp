@@ -30,6 +30,7 @@ MrPtr RegisterMemory(fid_domain* domain, const fi_info& info, void* data, size_t
 #endif
   UniqueFd dmabuf_fd;
   if (gpu != nullptr) {
+    gpu->MakeCurrent();  // a data thread may register before any CUDA call of its own
     attr.iface = FI_HMEM_CUDA;
     attr.device.cuda = gpu->device();
     flags |= FI_HMEM_DEVICE_ONLY;

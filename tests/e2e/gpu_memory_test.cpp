@@ -1,0 +1,67 @@
+// GPU memory from any thread (the GPU machine; skipped without a GPU or without a libfabric
+// that takes GPU memory). A thread starts with no CUDA context: dmabuf export and the
+// provider's CUDA calls then fail, or quietly fall back, on a thread that has made no CUDA
+// call of its own, such as 07's data threads or a framework's workers.
+#include <gtest/gtest.h>
+
+#include <rdma/fabric.h>
+#include <rdma/fi_domain.h>
+
+#include <cstring>
+#include <string>
+#include <thread>
+
+#include "cuda_memory.hpp"
+#include "endpoint.hpp"
+#include "fabric_handles.hpp"
+#include "provider.hpp"
+#include "registration.hpp"
+
+using namespace common;
+
+TEST(GpuMemory, RegistersFromANewThread) {
+  if (CudaDeviceCount() == 0) GTEST_SKIP() << "no GPU";
+  FiInfoPtr hints(fi_allocinfo());
+  hints->ep_attr->type = FI_EP_RDM;
+  hints->caps = FI_MSG | FI_RMA | FI_HMEM;
+  hints->mode = FI_CONTEXT | FI_CONTEXT2;
+  hints->domain_attr->mr_mode =
+      FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_HMEM;
+  hints->fabric_attr->prov_name = strdup("shm");
+  fi_info* found = nullptr;
+  if (fi_getinfo(ApiVersion(), nullptr, nullptr, 0, hints.get(), &found) != 0)
+    GTEST_SKIP() << "shm offers no FI_HMEM with libfabric " << VersionText(fi_version());
+  FiInfoPtr info(found);
+  Endpoint e = Endpoint::Open(*info);
+  const uint64_t access = FI_REMOTE_WRITE | FI_WRITE;
+
+  // The main thread's registration, for comparison: whether it was a dmabuf.
+  CudaBuffer first(2 << 20, 0);
+  bool main_dmabuf = false;
+  MrPtr main_mr = RegisterMemory(e.domain.get(), *info, first.data(), first.size(), access, &first,
+                                 &main_dmabuf);
+  const bool main_export = first.ExportDmabuf(first.data(), first.size()).get() >= 0;
+
+  // A buffer allocated here, exported and registered by a thread that never called CUDA.
+  CudaBuffer second(2 << 20, 0);
+  std::string failure;
+  bool thread_dmabuf = false, thread_export = false;
+  std::thread([&] {
+    try {
+      thread_export = second.ExportDmabuf(second.data(), second.size()).get() >= 0;
+      MrPtr mr = RegisterMemory(e.domain.get(), *info, second.data(), second.size(), access,
+                                &second, &thread_dmabuf);
+      std::vector<uint8_t> bytes(4096, 0x5a), back(4096);
+      second.CopyFromHost(0, bytes.data(), bytes.size());
+      second.CopyToHost(back.data(), 0, back.size());
+      if (back != bytes) failure = "the GPU bytes written from the thread did not come back";
+    } catch (const std::exception& ex) {
+      failure = ex.what();
+    }
+  }).join();
+  EXPECT_EQ(failure, "");
+  EXPECT_EQ(thread_export, main_export) << "dmabuf export differs on a new thread";
+  EXPECT_EQ(thread_dmabuf, main_dmabuf) << "registration took another path on a new thread";
+  std::printf("main thread: dmabuf %s; new thread: dmabuf %s\n", main_dmabuf ? "yes" : "no",
+              thread_dmabuf ? "yes" : "no");
+}
