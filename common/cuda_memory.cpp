@@ -118,8 +118,13 @@ UniqueFd CudaBuffer::ExportDmabuf(const void* at, size_t size) const {
       CUresult (*)(void*, CUdeviceptr, size_t, CUmemRangeHandleType, unsigned long long);
   void* fn = nullptr;
   cudaDriverEntryPointQueryResult found{};
+#if CUDART_VERSION >= 12050  // cudaGetDriverEntryPoint is deprecated from 12.5 on
   if (cudaGetDriverEntryPointByVersion("cuMemGetHandleForAddressRange", &fn, 12000,
                                        cudaEnableDefault, &found) != cudaSuccess ||
+#else
+  if (cudaGetDriverEntryPoint("cuMemGetHandleForAddressRange", &fn, cudaEnableDefault, &found) !=
+          cudaSuccess ||
+#endif
       found != cudaDriverEntryPointSuccess || fn == nullptr)
     return UniqueFd();
   int fd = -1;
