@@ -284,6 +284,16 @@ Summary RunSession(const Options& options, std::span<const uint8_t> peer, wire::
     control.PostRecv(*op);
     if (!message) return;
     if (auto* accept = std::get_if<wire::Accept>(&*message); accept != nullptr && !accepted) {
+      // efa-direct takes a WRITE only from an initiator in the target's AV (fi_efa(7)): each
+      // lane's writer goes into that lane's AV before anything of ours asks for a WRITE. Done
+      // on every provider, so that CI runs the path a p5 on efa-direct needs.
+      if (accept->writers.size() > lanes.size())
+        throw Error("the server named " + std::to_string(accept->writers.size()) +
+                    " writers for our " + std::to_string(lanes.size()) + " lanes");
+      for (size_t l = 0; l < accept->writers.size(); ++l) lanes[l].Insert(accept->writers[l]);
+      if (print)
+        std::printf("the server's writers are in our lanes' AVs: %zu of %zu lanes\n",
+                    accept->writers.size(), lanes.size());
       accepted = true;
       setup_ns = accept->setup_ns;
       mail.Seal(server, accept->session);  // our requests and BYE carry it

@@ -63,6 +63,12 @@ TEST_P(Engine, OneTwoAndFourLanesWithOneAndTwoThreads) {
                                      << client.out << client.err;
       EXPECT_EQ(NumberAfter(client.out, "\"verified_bytes\":"), 61LL * 16384 * 2);
       EXPECT_EQ(NumberAfter(client.out, "\"lanes\":"), lanes);
+      // Each lane's writer (as ACCEPT names it) is in that lane's AV before the first WRITE,
+      // as efa-direct requires of a target, on every provider.
+      EXPECT_NE(client.out.find("the server's writers are in our lanes' AVs: " +
+                                std::to_string(lanes) + " of " + std::to_string(lanes) + " lanes"),
+                std::string::npos)
+          << client.out;
     }
   }
   Result done = server.Wait();
