@@ -204,11 +204,18 @@ void PostRecv(const Ep& e, std::vector<uint8_t>& buffer, fi_context2& ctx) {
       "fi_recv");
 }
 
-int LongMessage(const char* self) {
+// The receiver's endpoint, with one receive of 64 KiB posted into `buffer`.
+Ep OpenReceiver(std::vector<uint8_t>& buffer, fi_context2& ctx) {
   Ep e = Open();
-  std::vector<uint8_t> buffer(64 * 1024);
-  fi_context2 ctx;
+  buffer.assign(64 * 1024, 0);
   PostRecv(e, buffer, ctx);
+  return e;
+}
+
+int LongMessage(const char* self) {
+  std::vector<uint8_t> buffer;
+  fi_context2 ctx;
+  Ep e = OpenReceiver(buffer, ctx);
   const pid_t child = StartPeer(self, "peer", e);
   if (!FirstMessage(e)) return 1;
   fi_addr_t peer = FI_ADDR_UNSPEC, from = FI_ADDR_UNSPEC;
@@ -225,10 +232,9 @@ int LongMessage(const char* self) {
 }
 
 int KilledPeer(const char* self) {
-  Ep e = Open();
-  std::vector<uint8_t> buffer(64 * 1024);
+  std::vector<uint8_t> buffer;
   fi_context2 ctx;
-  PostRecv(e, buffer, ctx);
+  Ep e = OpenReceiver(buffer, ctx);
   const pid_t child = StartPeer(self, "stay", e);
   if (!FirstMessage(e)) return 1;
   fi_addr_t peer = FI_ADDR_UNSPEC;
@@ -260,10 +266,9 @@ int KilledPeer(const char* self) {
 }
 
 int ClosedPeer(const char* self) {
-  Ep e = Open();
-  std::vector<uint8_t> buffer(64 * 1024);
+  std::vector<uint8_t> buffer;
   fi_context2 ctx;
-  PostRecv(e, buffer, ctx);
+  Ep e = OpenReceiver(buffer, ctx);
   // No fi_cq_read until the peer has sent, closed and exited.
   const pid_t child = StartPeer(self, "close", e);
   int status = 0;
