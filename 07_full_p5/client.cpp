@@ -211,7 +211,7 @@ Summary RunSession(const Options& options, std::span<const uint8_t> peer, wire::
 
   // Receiving threads: as many as the server's data threads, over the same blocks of lanes.
   // The topology they pin with is declared first, so it outlives them: an early exit (a
-  // refused CONNECT) joins them in ~Receivers, and one may only be pinning itself then.
+  // refused warmup) joins them in ~Receivers, and one may only be pinning itself then.
   const Topology topology = Topology::Load();
   Receivers receivers;
   const size_t threads = ThreadsFor(engine.threads, plan, lanes.size());
@@ -231,11 +231,6 @@ Summary RunSession(const Options& options, std::span<const uint8_t> peer, wire::
       r->cpu = group.cpus[group.cpus.size() - 1 - per_group[&group]++ % group.cpus.size()];
     receivers.threads.push_back(std::move(r));
   }
-  for (auto& r : receivers.threads)
-    r->thread = std::thread(RunReceiver, std::ref(*r),
-                            std::span<Network>(lanes).subspan(r->first_lane, r->lane_count),
-                            requests.size(), wait, std::cref(receivers.stop),
-                            (engine.flags & wire::kEnginePin) ? &topology : nullptr);
   auto arrived_total = [&] {
     uint64_t n = 0;
     for (const auto& r : receivers.threads) n += r->total;
@@ -406,6 +401,15 @@ Summary RunSession(const Options& options, std::span<const uint8_t> peer, wire::
                             " to our CONNECT (is it running at that address?)");
     if (mail.Idle() && again.Due()) send(connect);  // our address is in the server's AV now
   }
+  // The receivers start only now: until ACCEPT this thread puts the server's writers into the
+  // lanes' AVs, and a lane is used by one thread at a time (FI_THREAD_DOMAIN: the provider
+  // locks nothing for us). An insert beside a receiver polling the same lane was a data race
+  // on shm's state, the likely cause of a 2.6 shm client that saw no WRITE after its warmup.
+  for (auto& r : receivers.threads)
+    r->thread = std::thread(RunReceiver, std::ref(*r),
+                            std::span<Network>(lanes).subspan(r->first_lane, r->lane_count),
+                            requests.size(), wait, std::cref(receivers.stop),
+                            (engine.flags & wire::kEnginePin) ? &topology : nullptr);
   if (warm) {
     send(warmup);
     auto warmed = [&] {
