@@ -3,7 +3,7 @@
 // while the peer still holds the id it was given, so its next message longer than shm's
 // inline size (4 KiB) makes shm read the unmapped region and crash the process, and a later
 // peer given the same id inherits the old one's messages (docs/architecture.md, "Provider
-// bugs met on the way"; tests/provider/shm_removed_peer.cpp shows it without project code).
+// bugs met on the way"; tests/provider/shm_faults.cpp shows it without project code).
 // There the last kParked departed peers stay in the AV (shm's holds 256) and the oldest one
 // leaves when another departs: a peer gone that long ago is the only one that can still trip
 // it, and the session token drops whatever its stale id still delivers. libfabric 2.x's shm
@@ -17,8 +17,11 @@
 //
 // One shm 1.17 fault no server can keep clear of: a local process that sends to us and closes
 // its endpoint before we read its first message ends us by SIGSEGV in fi_cq_read (shm reads
-// the region of a name whose file has gone; tests/provider/shm_removed_peer closed-peer).
-// A server over shm 1.x says so when it starts.
+// the region of a name whose file has gone; tests/provider/shm_faults closed-peer). And one
+// that costs a thread: a client killed while it holds the spinlock of its shared-memory region
+// never releases it, and a send or WRITE to it spins for good (tests/provider/shm_faults
+// locked-peer); 07 drops such a client and leaves the thread at idle priority. A server over
+// shm 1.x says both when it starts.
 #pragma once
 
 #include <rdma/fabric.h>
@@ -49,8 +52,9 @@ class Departures {
     if (park_)
       std::printf(
           "warning: libfabric %u.%u's shm ends this server if a local process sends to it and "
-          "exits before its first message is read; to face untrusted local processes, serve "
-          "over tcp or with libfabric 2.x\n",
+          "exits before its first message is read, and loses a thread for good to each "
+          "client killed while it holds its region's lock; to face untrusted local processes "
+          "or clients that may be killed, serve over tcp or with libfabric 2.x\n",
           FI_MAJOR(fi_version()), FI_MINOR(fi_version()));
   }
 

@@ -547,12 +547,12 @@ INSTANTIATE_TEST_SUITE_P(Stages, KilledMidTransfer,
 // 13. Address files: a file that cannot be written says why (exit 2), and a path that is not
 // a regular file is written in place, never replaced by a file (as root, the server once
 // replaced /dev/full with a file of its own).
-// tests/provider/shm_removed_peer SCENARIO, run to its end; it must have got as far as
+// tests/provider/shm_faults SCENARIO, run to its end; it must have got as far as
 // printing `reached`.
 Result RunShmFault(const std::string& scenario, const std::string& reached) {
   const char* build = std::getenv("E2E_BUILD_DIR");
   EXPECT_NE(build, nullptr);
-  Result r = RunToEnd({std::string(build ? build : "") + "/tests/shm_removed_peer", scenario}, 30s);
+  Result r = RunToEnd({std::string(build ? build : "") + "/tests/shm_faults", scenario}, 30s);
   EXPECT_NE(r.out.find("libfabric "), std::string::npos) << r.out << r.err;
   EXPECT_NE(r.out.find(reached), std::string::npos) << r.out << r.err;
   return r;
@@ -612,6 +612,27 @@ TEST(ProviderFault, ShmFirstMessageOfAClosedPeer) {
                     "sends to it and exits before its first message is read") != std::string::npos,
       one)
       << done.out;
+}
+
+// The shm 1.17 fault behind "a data thread has been stuck in the provider" (07's session.cpp),
+// with no project code: a peer killed while it holds the spinlock of its shared-memory region
+// never releases it, and the next send to it spins for good (exit 3, "wedged"). 2.x has no
+// such lock and returns. Should a 1.x build stop wedging, this fails and the warning can go.
+TEST(ProviderFault, ShmSendToAPeerKilledHoldingItsLock) {
+  Result r = RunShmFault("locked-peer", "the peer is dead (SIGKILL)");
+  if (r.out.find("libfabric 1.") != std::string::npos) {
+    EXPECT_NE(r.out.find("peer: killed holding a lock in shared memory"), std::string::npos)
+        << r.out;
+    EXPECT_EQ(r.exit_code, 3) << "libfabric 1.x's shm no longer wedges here: common/"
+                              << "departures.hpp need not warn of it\n"
+                              << r.out << r.err;
+    EXPECT_NE(r.out.find("wedged: fi_send to the killed peer has not returned"), std::string::npos)
+        << r.out;
+  } else {
+    EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+    EXPECT_NE(r.out.find("fi_send to the killed peer returned\nsurvived"), std::string::npos)
+        << r.out;
+  }
 }
 
 TEST(AddressFile, UnwritableSaysWhyAndDevicesStayDevices) {

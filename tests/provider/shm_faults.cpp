@@ -1,5 +1,5 @@
-// shm_removed_peer: libfabric's shm provider alone, no project code. Two faults of a peer
-// that left the AV, each its own scenario.
+// shm_faults: libfabric's shm provider alone, no project code. Four faults of a peer that went
+// away, each its own scenario.
 //
 // long-message: does a process survive a message longer than shm's inline size (4 KiB) from a
 // peer it has removed from its AV?
@@ -29,28 +29,83 @@
 // 2.x checks the mapping and drops the request. Nothing the receiver does before fi_cq_read
 // can avoid it: any local process that sends one message and exits before we read it ends us.
 //
-//   shm_removed_peer [long-message|killed-peer|closed-peer]   the receiver: starts the peer,
-//                                                  prints what happened, exit 0 (long-message
-//                                                  by default)
-//   shm_removed_peer peer HEX | stay HEX | close HEX   (started by the receiver)
-// It prints "libfabric X.Y", then "survived" (exit 0); a crash ends it by SIGSEGV.
+// locked-peer: does a send to a peer return when the peer was killed while it held the lock
+// of its shared-memory region? libfabric 1.17 guards each region with a pthread spinlock that
+// lives in the region itself: the owner takes it on every progress call (smr_progress_cmd),
+// a sender takes it before queuing anything (smr_generic_sendmsg; a WRITE, smr_generic_rma,
+// the same). A peer killed while it held it never releases it, and the next fi_send or
+// fi_write to that peer spins for good: the calling thread is lost. 2.x has no such lock (its
+// queues are lock-free) and returns. Here the peer is made to die holding it: this program's
+// pthread_spin_lock, which libfabric's calls reach first, kills the peer once it has taken a
+// lock that lives in /dev/shm. Nothing can free that thread; the 07 server notices it (a
+// data thread that has not gone round its loop for --peer-timeout), drops the client, and
+// leaves the thread at idle priority with its session's memory.
+//
+//   shm_faults [long-message|killed-peer|closed-peer|locked-peer]   the receiver: starts the
+//                                                  peer, prints what happened, exit 0
+//                                                  (long-message by default)
+//   shm_faults peer HEX | stay HEX | close HEX | lock HEX   (started by the receiver)
+// It prints "libfabric X.Y", then "survived" (exit 0); a crash ends it by SIGSEGV, a wedge
+// by "wedged" and exit 3.
 #include <rdma/fabric.h>
 #include <rdma/fi_cm.h>
 #include <rdma/fi_domain.h>
 #include <rdma/fi_endpoint.h>
 #include <rdma/fi_errno.h>
 
+#include <dlfcn.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <string>
 #include <thread>
 #include <vector>
+
+namespace {
+
+// Armed in the `lock` peer only: the next lock it takes in shared memory, it dies holding.
+std::atomic<bool> die_holding_a_shared_lock{false};
+
+// True when `p` lies in a mapping of a file in /dev/shm (a shm region, ours or a peer's).
+bool InSharedMemory(const volatile void* p) {
+  FILE* maps = std::fopen("/proc/self/maps", "r");
+  if (maps == nullptr) return false;
+  char line[512];
+  bool found = false;
+  const auto at = reinterpret_cast<uintptr_t>(const_cast<const void*>(p));
+  while (!found && std::fgets(line, sizeof(line), maps) != nullptr) {
+    unsigned long begin = 0, end = 0;
+    char path[256] = "";
+    if (std::sscanf(line, "%lx-%lx %*s %*s %*s %*s %255s", &begin, &end, path) >= 2)
+      found = at >= begin && at < end && std::strncmp(path, "/dev/shm/", 9) == 0;
+  }
+  std::fclose(maps);
+  return found;
+}
+
+}  // namespace
+
+// libfabric's calls to pthread_spin_lock come here first (an executable's symbol is found
+// before libc's); it takes the lock, and in the armed peer dies holding one of shared memory.
+extern "C" int pthread_spin_lock(pthread_spinlock_t* lock) {
+  using Lock = int (*)(pthread_spinlock_t*);
+  static const Lock real = reinterpret_cast<Lock>(dlsym(RTLD_NEXT, "pthread_spin_lock"));
+  const int rc = real(lock);
+  if (die_holding_a_shared_lock && InSharedMemory(lock)) {
+    static const char said[] = "peer: killed holding a lock in shared memory\n";
+    (void)!write(STDOUT_FILENO, said, sizeof(said) - 1);
+    raise(SIGKILL);
+  }
+  return rc;
+}
 
 namespace {
 
@@ -65,7 +120,7 @@ struct Ep {
 
 void Check(int rc, const char* what) {
   if (rc == 0) return;
-  std::fprintf(stderr, "shm_removed_peer: %s: %s\n", what, fi_strerror(-rc));
+  std::fprintf(stderr, "shm_faults: %s: %s\n", what, fi_strerror(-rc));
   std::exit(1);
 }
 
@@ -150,6 +205,23 @@ pid_t StartPeer(const char* self, const char* mode, const Ep& receiver) {
   return child;
 }
 
+// Removes what shm made for process `pid` in /dev/shm (PID:...): a process that does not
+// close its endpoint (killed, or wedged) leaves its regions there, 13 MB each.
+void RemoveRegionsOf(pid_t pid) {
+  const std::string prefix = std::to_string(pid) + ":";
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator("/dev/shm", ec))
+    if (entry.path().filename().string().rfind(prefix, 0) == 0)
+      std::filesystem::remove(entry.path(), ec);
+}
+
+// Waits for the peer to end (`nohang`: returns 0 while it runs), and removes its regions.
+pid_t Reap(pid_t child, int* status, bool nohang = false) {
+  const pid_t done = waitpid(child, status, nohang ? WNOHANG : 0);
+  if (done == child) RemoveRegionsOf(child);
+  return done;
+}
+
 // Waits up to 5 s for the peer's first message; its bytes are its address.
 bool FirstMessage(const Ep& e) {
   fi_cq_data_entry entry;
@@ -159,6 +231,12 @@ bool FirstMessage(const Ep& e) {
   }
   std::printf("no first message from the peer\n");
   return false;
+}
+
+void Close(Ep& e) {
+  for (fid* f : {&e.ep->fid, &e.av->fid, &e.cq->fid, &e.domain->fid, &e.fabric->fid})
+    Check(fi_close(f), "fi_close");
+  fi_freeinfo(e.info);
 }
 
 // A peer that sends its name, then: (peer) a long message after the receiver removed it;
@@ -175,15 +253,19 @@ int Peer(const std::string& hex, const std::string& mode) {
     // receiver has read it; one try is what a process that gives up at once leaves behind.
     const ssize_t rc = fi_send(e.ep, name.data(), name.size(), nullptr, to, &ctx[0]);
     if (rc == 0) PollOne(e, 2);
-    for (fid* f : {&e.ep->fid, &e.av->fid, &e.cq->fid, &e.domain->fid, &e.fabric->fid})
-      Check(fi_close(f), "fi_close");
-    fi_freeinfo(e.info);
+    Close(e);
     return 0;
   }
   // First a short message carrying our name: the receiver inserts us, then removes us.
   while (fi_send(e.ep, name.data(), name.size(), nullptr, to, &ctx[0]) == -FI_EAGAIN)
     PollOne(e, 0.001);
   PollOne(e, 2);
+  if (mode == "lock") {  // dies in the next progress call that takes our region's lock
+    die_holding_a_shared_lock = true;
+    PollOne(e, 5);
+    std::printf("peer: no lock in shared memory taken in 5 s; killed all the same\n");
+    raise(SIGKILL);
+  }
   if (mode == "stay") {  // until killed: the receiver keeps the id we gave it
     std::this_thread::sleep_for(std::chrono::seconds(30));
     return 0;
@@ -194,6 +276,7 @@ int Peer(const std::string& hex, const std::string& mode) {
     PollOne(e, 0.001);
   PollOne(e, 2);
   std::this_thread::sleep_for(std::chrono::seconds(1));
+  Close(e);  // which removes our region from /dev/shm
   return 0;
 }
 
@@ -227,7 +310,7 @@ int LongMessage(const char* self) {
   std::printf("%s\nsurvived\n",
               second ? "its long message arrived" : "its long message never came");
   int status = 0;
-  waitpid(child, &status, 0);
+  Reap(child, &status);
   return 0;
 }
 
@@ -241,7 +324,7 @@ int KilledPeer(const char* self) {
   if (fi_av_insert(e.av, buffer.data(), 1, &peer, 0, nullptr) != 1) return 1;
   kill(child, SIGKILL);
   int status = 0;
-  waitpid(child, &status, 0);
+  Reap(child, &status);
   Check(fi_av_remove(e.av, &peer, 1, 0), "fi_av_remove");
   std::printf("peer inserted as %llu, killed, removed\n", static_cast<unsigned long long>(peer));
   // Addresses nobody listens at, each sent one message and removed: the 257th takes the
@@ -272,11 +355,60 @@ int ClosedPeer(const char* self) {
   // No fi_cq_read until the peer has sent, closed and exited.
   const pid_t child = StartPeer(self, "close", e);
   int status = 0;
-  waitpid(child, &status, 0);
+  Reap(child, &status);
   std::printf("the peer sent once and closed (exit %d)\n",
               WIFEXITED(status) ? WEXITSTATUS(status) : -1);
   const bool arrived = PollOne(e, 2);
   std::printf("%s\nsurvived\n", arrived ? "its message arrived" : "its message never came");
+  return 0;
+}
+
+int LockedPeer(const char* self) {
+  std::vector<uint8_t> buffer;
+  fi_context2 ctx;
+  Ep e = OpenReceiver(buffer, ctx);
+  const pid_t child = StartPeer(self, "lock", e);
+  if (!FirstMessage(e)) return 1;
+  fi_addr_t peer = FI_ADDR_UNSPEC;
+  if (fi_av_insert(e.av, buffer.data(), 1, &peer, 0, nullptr) != 1) return 1;
+  // Messages to the peer (which makes it progress, and so take its lock), from a thread this
+  // one can give up on: a wedged send never returns. It stops at the first send it began
+  // after the peer was dead, once that returns.
+  std::atomic<bool> peer_dead{false}, returned{false};
+  std::thread sender([&] {
+    char one = 1;
+    std::vector<fi_context2> contexts(100000);
+    size_t next = 0;
+    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (std::chrono::steady_clock::now() < end && next < contexts.size()) {
+      const bool after_death = peer_dead;
+      const ssize_t rc = fi_send(e.ep, &one, 1, nullptr, peer, &contexts[next]);
+      if (after_death) break;
+      if (rc == 0) ++next;
+      PollOne(e, 0.001);
+    }
+    returned = true;
+  });
+  int status = 0;
+  for (int i = 0; i < 1000 && Reap(child, &status, true) == 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  if (!WIFSIGNALED(status)) {
+    std::printf("the peer did not die\n");
+    kill(child, SIGKILL);
+    _exit(1);
+  }
+  std::printf("the peer is dead (SIGKILL)\n");
+  peer_dead = true;
+  for (int i = 0; i < 500 && !returned; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  if (!returned) {
+    std::printf("wedged: fi_send to the killed peer has not returned in 5 s\n");
+    std::fflush(stdout);
+    RemoveRegionsOf(getpid());
+    _exit(3);  // the sender spins inside shm for good: nothing can join it or close ours
+  }
+  sender.join();
+  std::printf("fi_send to the killed peer returned\nsurvived\n");
   return 0;
 }
 
@@ -286,18 +418,21 @@ int main(int argc, char** argv) {
   setvbuf(stdout, nullptr, _IOLBF, 0);
   if (argc == 3) {
     const std::string mode = argv[1];
-    if (mode == "peer" || mode == "stay" || mode == "close") return Peer(argv[2], mode);
+    if (mode == "peer" || mode == "stay" || mode == "close" || mode == "lock")
+      return Peer(argv[2], mode);
   }
   const std::string scenario = argc > 1 ? argv[1] : "long-message";
-  if (scenario != "long-message" && scenario != "killed-peer" && scenario != "closed-peer") {
+  if (scenario != "long-message" && scenario != "killed-peer" && scenario != "closed-peer" &&
+      scenario != "locked-peer") {
     std::fprintf(stderr,
-                 "shm_removed_peer: invalid scenario '%s' (long-message, killed-peer or "
-                 "closed-peer)\n",
+                 "shm_faults: invalid scenario '%s' (long-message, killed-peer, closed-peer "
+                 "or locked-peer)\n",
                  scenario.c_str());
     return 2;
   }
   std::printf("libfabric %u.%u\n", FI_MAJOR(fi_version()), FI_MINOR(fi_version()));
   if (scenario == "killed-peer") return KilledPeer(argv[0]);
   if (scenario == "closed-peer") return ClosedPeer(argv[0]);
+  if (scenario == "locked-peer") return LockedPeer(argv[0]);
   return LongMessage(argv[0]);
 }
