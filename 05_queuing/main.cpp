@@ -112,7 +112,7 @@ Network Network::Open(const Options& options, std::span<const uint8_t> peer, Mem
   hints->ep_attr->type = FI_EP_RDM;           // reliable, unconnected: one endpoint talks to many
   hints->caps = FI_MSG | FI_SOURCE | FI_RMA;  // FI_SOURCE: completions name the sender
   // GPU memory: ask for providers that can take it (FI_HMEM), unless told to stage it.
-  if (memory == MemoryKind::kCuda && options.gpu_path != GpuPathMode::kStaged)
+  if (IsGpu(memory) && options.gpu_path != GpuPathMode::kStaged)
     hints->caps |= FI_HMEM;
   hints->mode = FI_CONTEXT | FI_CONTEXT2;
   // The memory-registration modes this program honours (efa-direct asks for all of them).
@@ -252,7 +252,7 @@ std::unique_ptr<Request> PrepareRequest(Network& net, const Client& client, fi_a
   r->client = dest;
   r->region = client.region;
   r->transfer = std::move(transfer);
-  r->source = PageBuffer(count * page_size, net.memory.path, 0, Pages::kSmall);  // for one request
+  r->source = PageBuffer(count * page_size, net.memory, 0, Pages::kSmall);  // for one request
   r->total = total;
   HostBuffer staging;  // GPU memory is filled here first
   FillPages(r->source, 0, r->transfer.seed, r->transfer.pages, page_size, staging);
@@ -610,7 +610,7 @@ int ClientMain(const Options& options) {
   // each request gets its own share of them.
   const uint64_t total_pages = options.pages * options.requests;
   const uint64_t region_pages = 2 * total_pages;
-  PageBuffer region(region_pages * options.page_size, net.memory.path);
+  PageBuffer region(region_pages * options.page_size, net.memory);
   MrPtr region_mr = RegisterPages(net.domain.get(), *net.info, region, FI_REMOTE_WRITE);
   Mail mail(net, kRecvDepth, options.requests + 2);
 

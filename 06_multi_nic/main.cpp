@@ -122,7 +122,7 @@ std::vector<FiInfoPtr> FindNics(const Options& options, std::span<const uint8_t>
   hints->ep_attr->type = FI_EP_RDM;           // reliable, unconnected: one endpoint talks to many
   hints->caps = FI_MSG | FI_SOURCE | FI_RMA;  // FI_SOURCE: completions name the sender
   // GPU memory: ask for providers that can take it (FI_HMEM), unless told to stage it.
-  if (memory == MemoryKind::kCuda && options.gpu_path != GpuPathMode::kStaged)
+  if (IsGpu(memory) && options.gpu_path != GpuPathMode::kStaged)
     hints->caps |= FI_HMEM;
   hints->mode = FI_CONTEXT | FI_CONTEXT2;
   // The memory-registration modes this program honours (efa-direct asks for all of them).
@@ -149,7 +149,7 @@ std::vector<FiInfoPtr> FindNics(const Options& options, std::span<const uint8_t>
     nics.push_back(nic);
   }
   std::vector<PciAddress> gpus;
-  for (int g = 0; memory == MemoryKind::kCuda && g < CudaDeviceCount(); ++g)
+  for (int g = 0; IsGpu(memory) && g < CudaDeviceCount(); ++g)
     if (auto pci = PciAddress::Parse(CudaPciBusId(g))) gpus.push_back(*pci);
   const auto groups = GroupDevices(Topology::Load(), gpus, nics);
   std::printf("%s\n", FormatTotals(groups, nics).c_str());
@@ -349,7 +349,7 @@ std::unique_ptr<Request> PrepareRequest(std::vector<Network>& lanes, const Clien
   r->dest = client;
   r->transfer = std::move(transfer);
   r->source =
-      PageBuffer(count * page_size, lanes[0].memory.path, 0, Pages::kSmall);  // for one request
+      PageBuffer(count * page_size, lanes[0].memory, 0, Pages::kSmall);  // for one request
   r->total = total;
   HostBuffer staging;  // GPU memory is filled here first
   FillPages(r->source, 0, r->transfer.seed, r->transfer.pages, page_size, staging);
@@ -750,7 +750,7 @@ int ClientMain(const Options& options) {
   // each request gets its own share of them.
   const uint64_t total_pages = options.pages * options.requests;
   const uint64_t region_pages = 2 * total_pages;
-  PageBuffer region(region_pages * options.page_size, net.memory.path);
+  PageBuffer region(region_pages * options.page_size, net.memory);
   // One region, registered on every lane's domain: each gives it its own key.
   std::vector<MrPtr> region_mrs;
   for (auto& lane : lanes)

@@ -169,7 +169,7 @@ Summary RunSession(const Options& options, std::span<const uint8_t> peer, wire::
   for (size_t l = 0; l < lanes.size(); ++l) {
     const size_t g = plan.group_of[l];
     if (!regions.count(g))
-      regions.try_emplace(g, region_pages * options.page_size, control.memory.path,
+      regions.try_emplace(g, region_pages * options.page_size, control.memory,
                           plan.groups[g].gpu.value_or(0));
     region_mrs.push_back(
         RegisterPages(lanes[l].domain.get(), *lanes[l].info, regions.at(g), FI_REMOTE_WRITE));

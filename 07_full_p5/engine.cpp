@@ -55,7 +55,7 @@ void OpenLanes(Worker& w) {
     w.writers.push_back(w.lanes.back().Address());
   }
   const uint64_t bytes = std::max<uint64_t>(s.engine.memory * w.lane_count, 4096);
-  w.pool.memory = PageBuffer(bytes, s.memory.path, w.group->gpu.value_or(0));
+  w.pool.memory = PageBuffer(bytes, s.memory, w.group->gpu.value_or(0));
   w.pool.holes[0] = bytes;
   for (auto& lane : w.lanes)
     w.pool.mrs.push_back(RegisterPages(lane.domain.get(), *lane.info, w.pool.memory, FI_WRITE));

@@ -47,7 +47,7 @@ Plan FindNics(const Options& options, std::span<const uint8_t> peer, MemoryKind 
   hints->ep_attr->type = FI_EP_RDM;           // reliable, unconnected: one endpoint talks to many
   hints->caps = FI_MSG | FI_SOURCE | FI_RMA;  // FI_SOURCE: completions name the sender
   // GPU memory: ask for providers that can take it (FI_HMEM), unless told to stage it.
-  if (memory == MemoryKind::kCuda && options.gpu_path != GpuPathMode::kStaged)
+  if (IsGpu(memory) && options.gpu_path != GpuPathMode::kStaged)
     hints->caps |= FI_HMEM;
   hints->mode = FI_CONTEXT | FI_CONTEXT2;
   // The memory-registration modes this program honours (efa-direct asks for all of them).
@@ -77,7 +77,7 @@ Plan FindNics(const Options& options, std::span<const uint8_t> peer, MemoryKind 
     nics.push_back(nic);
   }
   std::vector<PciAddress> gpus;
-  for (int g = 0; memory == MemoryKind::kCuda && g < CudaDeviceCount(); ++g)
+  for (int g = 0; IsGpu(memory) && g < CudaDeviceCount(); ++g)
     if (auto pci = PciAddress::Parse(CudaPciBusId(g))) gpus.push_back(*pci);
   Plan plan;
   plan.groups = GroupDevices(Topology::Load(), gpus, nics);

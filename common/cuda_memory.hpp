@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace common {
 
@@ -30,11 +31,28 @@ class UniqueFd {
   int fd_ = -1;
 };
 
-// cudaMalloc'd device memory.
+// How GPU memory is allocated. kMalloc: cudaMalloc, one allocation the runtime owns. kVmm:
+// the CUDA virtual memory API, as PyTorch's caching allocator maps memory with
+// expandable_segments: an address range reserved first (cuMemAddressReserve), physical chunks
+// created apart (cuMemCreate) and mapped into it one after another (cuMemMap), then made
+// accessible (cuMemSetAccess). The range is one pointer to the program, but several
+// allocations to the driver, and CUDA IPC does not open it (docs/architecture.md, "Memory").
+enum class GpuAllocation { kMalloc, kVmm };
+
+// PyTorch's large segments are 20 MiB; a chunk is that, rounded up to the granularity.
+constexpr size_t kVmmChunk = 20u << 20;
+// The chunks that hold `size` bytes, each a whole number of `granularity` (which the driver
+// gives: 2 MiB on current GPUs), and the bytes reserved and mapped for them.
+struct VmmLayout {
+  size_t chunk = 0, chunks = 0, mapped = 0;
+};
+VmmLayout LayOutVmm(size_t size, size_t granularity, size_t chunk = kVmmChunk);
+
+// Device memory, from cudaMalloc or mapped by the virtual memory API.
 class CudaBuffer {
  public:
   CudaBuffer() = default;
-  CudaBuffer(size_t size, int device);
+  CudaBuffer(size_t size, int device, GpuAllocation allocation = GpuAllocation::kMalloc);
   CudaBuffer(CudaBuffer&& other) noexcept;
   CudaBuffer& operator=(CudaBuffer&& other) noexcept;
   CudaBuffer(const CudaBuffer&) = delete;
@@ -44,6 +62,11 @@ class CudaBuffer {
   void* data() const { return data_; }
   size_t size() const { return size_; }
   int device() const { return device_; }
+  GpuAllocation allocation() const { return allocation_; }
+  // VMM: whether the chunks were created GPUDirect-RDMA capable (the device says whether it
+  // can be; without it a NIC cannot pin them), and how they are laid out.
+  bool rdma_capable() const { return rdma_capable_; }
+  const VmmLayout& layout() const { return layout_; }
   // Makes this buffer's GPU current on the calling thread. A thread starts with no CUDA
   // context, and the driver API (dmabuf export; the provider's CUDA calls when it registers
   // the memory) then fails on it: every member below, and RegisterMemory, call it first.
@@ -58,9 +81,16 @@ class CudaBuffer {
   UniqueFd ExportDmabuf(const void* at, size_t size) const;
 
  private:
+  void MapVmm();
+  void Release();
+
   void* data_ = nullptr;
   size_t size_ = 0;
   int device_ = 0;
+  GpuAllocation allocation_ = GpuAllocation::kMalloc;
+  bool rdma_capable_ = false;
+  VmmLayout layout_;
+  std::vector<unsigned long long> chunks_;  // CUmemGenericAllocationHandle, one per chunk
 };
 
 // Page-locked host memory (cudaMallocHost): the bounce buffer when the provider cannot

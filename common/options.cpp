@@ -48,6 +48,8 @@ const char* MemoryName(MemoryKind kind) {
       return "host";
     case MemoryKind::kCuda:
       return "cuda";
+    case MemoryKind::kCudaVmm:
+      return "cuda-vmm";
     default:
       return "auto";
   }
@@ -140,11 +142,15 @@ void AddOptions(CLI::App& app, Options& o, unsigned groups) {
                o.memory = MemoryKind::kHost;
              else if (m == "cuda")
                o.memory = MemoryKind::kCuda;
+             else if (m == "cuda-vmm")
+               o.memory = MemoryKind::kCudaVmm;
              else
-               throw UsageError("invalid --memory '" + m + "' (use host or cuda)");
+               throw UsageError("invalid --memory '" + m + "' (use host, cuda or cuda-vmm)");
            },
-           "Memory for the pages: host or cuda (default: cuda when a GPU is present)")
-        ->type_name("host|cuda");
+           "Memory for the pages: host, cuda (cudaMalloc) or cuda-vmm (mapped in chunks by "
+           "the CUDA virtual memory API, as PyTorch's expandable segments; default: cuda when "
+           "a GPU is present)")
+        ->type_name("host|cuda|cuda-vmm");
     app.add_option_function<std::string>(
            "--gpu-path",
            [&o](const std::string& m) {

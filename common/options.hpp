@@ -9,7 +9,11 @@
 
 namespace common {
 
-enum class MemoryKind { kAuto, kHost, kCuda };
+enum class MemoryKind { kAuto, kHost, kCuda, kCudaVmm };
+// cuda or cuda-vmm: GPU memory, from cudaMalloc or mapped by the CUDA virtual memory API.
+inline bool IsGpu(MemoryKind kind) {
+  return kind == MemoryKind::kCuda || kind == MemoryKind::kCudaVmm;
+}
 enum class WaitMode { kAuto, kSpin, kBlock };
 // GPU memory: handed to the provider (direct), or staged through pinned host memory.
 enum class GpuPathMode { kAuto, kDirect, kStaged };

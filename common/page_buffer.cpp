@@ -5,16 +5,17 @@
 
 #include "error.hpp"
 #include "page_data.hpp"
+#include "registration.hpp"
 
 namespace common {
 
-PageBuffer::PageBuffer(size_t size, Path path, int device, Pages pages)
-    : path_(path), size_(size), device_(device) {
+PageBuffer::PageBuffer(size_t size, const MemoryPath& memory, int device, Pages pages)
+    : path_(memory.path), size_(size), device_(device) {
   if (path_ == Path::kHost) {
     host_ = HostBuffer(size, pages);
     return;
   }
-  gpu_ = CudaBuffer(size, device);
+  gpu_ = CudaBuffer(size, device, memory.allocation);
   if (path_ == Path::kGpuStaged) mirror_ = PinnedBuffer(size);
 }
 
@@ -72,8 +73,9 @@ MemoryKind ResolveMemory(MemoryKind requested) {
   if (requested == MemoryKind::kHost) return requested;
   const bool have_gpu = CudaDeviceCount() > 0;
   if (requested == MemoryKind::kAuto) return have_gpu ? MemoryKind::kCuda : MemoryKind::kHost;
-  if (!CudaBuilt()) throw HardwareAbsent("--memory cuda: this build has no CUDA support");
-  if (!have_gpu) throw HardwareAbsent("--memory cuda: no CUDA GPU on this machine");
+  const std::string option = std::string("--memory ") + MemoryName(requested);
+  if (!CudaBuilt()) throw HardwareAbsent(option + ": this build has no CUDA support");
+  if (!have_gpu) throw HardwareAbsent(option + ": no CUDA GPU on this machine");
   return requested;
 }
 

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 
 #include "cuda_memory.hpp"
 #include "host_buffer.hpp"
@@ -15,12 +16,15 @@
 
 namespace common {
 
+struct MemoryPath;
+
 class PageBuffer {
  public:
   enum class Path { kHost, kGpuDirect, kGpuStaged };
 
   PageBuffer() = default;
-  PageBuffer(size_t size, Path path, int device = 0, Pages pages = Pages::kHuge);
+  // Where `memory` says (ChooseMemoryPath, common/registration.hpp), allocated as it says.
+  PageBuffer(size_t size, const MemoryPath& memory, int device = 0, Pages pages = Pages::kHuge);
 
   Path path() const { return path_; }
   size_t size() const { return size_; }
@@ -47,6 +51,14 @@ class PageBuffer {
   PinnedBuffer mirror_;  // staged path only
 };
 
+// Where this side's pages live and how they reach the NIC, and why: the header line and the
+// JSON say both, so a slow path is never silent.
+struct MemoryPath {
+  PageBuffer::Path path = PageBuffer::Path::kHost;
+  std::string why;  // direct: how the provider moves GPU memory; staged: why it does not
+  GpuAllocation allocation = GpuAllocation::kMalloc;  // GPU paths: cudaMalloc or the VMM API
+};
+
 // Fills `buffer` from `offset` with the pages `ids` of data set `seed` (page_data.hpp), one
 // after another, `page_size` bytes each, and makes them the NIC's to read. Host memory is
 // filled in place; GPU memory in `staging` (host memory, grown as needed) and then copied up
@@ -54,7 +66,8 @@ class PageBuffer {
 void FillPages(PageBuffer& buffer, size_t offset, uint64_t seed, std::span<const uint32_t> ids,
                size_t page_size, HostBuffer& staging);
 
-// --memory auto means cuda when a GPU is present; throws HardwareAbsent for cuda without one.
+// --memory auto means cuda when a GPU is present; throws HardwareAbsent for cuda or cuda-vmm
+// without one.
 MemoryKind ResolveMemory(MemoryKind requested);
 
 }  // namespace common

@@ -33,7 +33,10 @@ MrPtr RegisterMemory(fid_domain* domain, const fi_info& info, void* data, size_t
     gpu->MakeCurrent();  // a data thread may register before any CUDA call of its own
     attr.iface = FI_HMEM_CUDA;
     attr.device.cuda = gpu->device();
-    flags |= FI_HMEM_DEVICE_ONLY;
+    // Device memory, not managed: with it shm moves pages by CUDA IPC. CUDA IPC opens
+    // cudaMalloc's allocations only (VMM memory is shared by cuMemExportToShareableHandle),
+    // so VMM memory goes without it, and shm copies through host memory instead.
+    if (gpu->allocation() == GpuAllocation::kMalloc) flags |= FI_HMEM_DEVICE_ONLY;
 #ifdef FI_MR_DMABUF
     dmabuf_fd = gpu->ExportDmabuf(data, size);
     if (dmabuf_fd.get() >= 0) {
@@ -62,7 +65,8 @@ MrPtr RegisterPages(fid_domain* domain, const fi_info& info, const PageBuffer& p
 // with the CUDA API (shm: CUDA IPC; efa without GPUDirect RDMA: copies through host memory).
 // FI_OPT_CUDA_API_PERMITTED (API 1.18 on) tells which: an endpoint that needs the CUDA API
 // refuses to do without it (-FI_EOPNOTSUPP).
-static std::string HowDirect(fid_domain* domain, const fi_info& info, bool dmabuf) {
+static std::string HowDirect(fid_domain* domain, const fi_info& info, bool dmabuf,
+                             GpuAllocation allocation) {
   const std::string provider = info.fabric_attr->prov_name;
   std::string how = "the provider reads and writes GPU memory (FI_HMEM_CUDA" +
                     std::string(dmabuf ? ", dmabuf)" : ")");
@@ -75,35 +79,55 @@ static std::string HowDirect(fid_domain* domain, const fi_info& info, bool dmabu
   fi_close(&ep->fid);
   if (rc == 0) return "GPUDirect RDMA: the NIC reads and writes GPU memory itself";
   if (rc == -FI_EOPNOTSUPP) {
-    if (provider == "shm") return "CUDA IPC: shm copies GPU to GPU with the CUDA API";
+    if (provider == "shm")
+      return allocation == GpuAllocation::kVmm
+                 ? "shm copies GPU memory through host memory with the CUDA API (CUDA IPC "
+                   "opens cudaMalloc's memory only)"
+                 : "CUDA IPC: shm copies GPU to GPU with the CUDA API";
     return provider +
            " copies GPU memory through host memory with the CUDA API: no GPUDirect RDMA here, "
            "a slow path";
   }
 #else
   (void)domain;
+  (void)allocation;
 #endif
   return how;
 }
 
 MemoryPath ChooseMemoryPath(fid_domain* domain, const fi_info& info, MemoryKind memory,
                             GpuPathMode mode, const std::string& no_hmem) {
-  if (memory != MemoryKind::kCuda) return {PageBuffer::Path::kHost, ""};
-  if (mode == GpuPathMode::kStaged) return {PageBuffer::Path::kGpuStaged, "--gpu-path staged"};
+  if (!IsGpu(memory)) return {PageBuffer::Path::kHost, ""};
+  const GpuAllocation allocation =
+      memory == MemoryKind::kCudaVmm ? GpuAllocation::kVmm : GpuAllocation::kMalloc;
+  if (mode == GpuPathMode::kStaged)
+    return {PageBuffer::Path::kGpuStaged, "--gpu-path staged", allocation};
   std::string why = no_hmem;
   bool dmabuf = false;
   if (why.empty()) {
-    CudaBuffer probe(1 << 20, 0);
+    // Two of what a buffer of this kind is made of (VMM: two chunks, so that the probe spans
+    // more than one allocation, as a region does).
+    const size_t probe_size = allocation == GpuAllocation::kVmm ? 2 * kVmmChunk : 1 << 20;
+    CudaBuffer probe(probe_size, 0, allocation);
     try {
       RegisterMemory(domain, info, probe.data(), probe.size(), FI_REMOTE_WRITE | FI_WRITE, &probe,
                      &dmabuf);
     } catch (const Error& e) {
-      why = std::string(info.fabric_attr->prov_name) + " does not register GPU memory: " + e.what();
+      why = std::string(info.fabric_attr->prov_name) + " does not register " +
+            (allocation == GpuAllocation::kVmm ? "VMM-mapped " : "") + "GPU memory: " + e.what();
     }
   }
-  if (why.empty()) return {PageBuffer::Path::kGpuDirect, HowDirect(domain, info, dmabuf)};
+  if (why.empty())
+    return {PageBuffer::Path::kGpuDirect, HowDirect(domain, info, dmabuf, allocation), allocation};
   if (mode == GpuPathMode::kDirect) throw HardwareAbsent("--gpu-path direct: " + why);
-  return {PageBuffer::Path::kGpuStaged, why};
+  return {PageBuffer::Path::kGpuStaged, why, allocation};
+}
+
+static std::string GpuWords(const MemoryPath& p) {
+  return p.allocation == GpuAllocation::kVmm
+             ? "GPU memory mapped in " + std::to_string(kVmmChunk >> 20) +
+                   " MiB chunks by the CUDA VMM API"
+             : "GPU memory";
 }
 
 std::string DescribeMemoryPath(const MemoryPath& p) {
@@ -111,9 +135,9 @@ std::string DescribeMemoryPath(const MemoryPath& p) {
     case PageBuffer::Path::kHost:
       return "host memory";
     case PageBuffer::Path::kGpuDirect:
-      return "GPU memory, direct (" + p.why + ")";
+      return GpuWords(p) + ", direct (" + p.why + ")";
     default:
-      return "GPU memory, staged through pinned host memory (" + p.why + ")";
+      return GpuWords(p) + ", staged through pinned host memory (" + p.why + ")";
   }
 }
 
@@ -122,9 +146,9 @@ const char* MemoryWord(const MemoryPath& p) {
     case PageBuffer::Path::kHost:
       return "host";
     case PageBuffer::Path::kGpuDirect:
-      return "cuda-direct";
+      return p.allocation == GpuAllocation::kVmm ? "cuda-vmm-direct" : "cuda-direct";
     default:
-      return "cuda-staged";
+      return p.allocation == GpuAllocation::kVmm ? "cuda-vmm-staged" : "cuda-staged";
   }
 }
 

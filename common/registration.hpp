@@ -36,13 +36,6 @@ MrPtr RegisterMemory(fid_domain* domain, const fi_info& info, void* data, size_t
 MrPtr RegisterPages(fid_domain* domain, const fi_info& info, const PageBuffer& pages,
                     uint64_t access);
 
-// Where this side's pages live and how they reach the NIC, and why: the header line and the
-// JSON say both, so a slow path is never silent.
-struct MemoryPath {
-  PageBuffer::Path path = PageBuffer::Path::kHost;
-  std::string why;  // direct: how the provider moves GPU memory; staged: why it does not
-};
-
 // --memory and --gpu-path decide. With GPU memory and --gpu-path auto or direct, the provider
 // is asked (a 1 MiB GPU buffer registered on `domain`) whether it takes GPU memory; `no_hmem`
 // is why FI_HMEM was left out of the hints, if it was. --gpu-path direct where the provider
@@ -53,7 +46,8 @@ MemoryPath ChooseMemoryPath(fid_domain* domain, const fi_info& info, MemoryKind 
 // "host memory", "GPU memory, direct (...)", "GPU memory, staged through pinned host memory
 // (...)": the header line's words.
 std::string DescribeMemoryPath(const MemoryPath& path);
-// One word for the JSON summary: host, cuda-direct or cuda-staged.
+// One word for the JSON summary: host, cuda-direct, cuda-staged, cuda-vmm-direct or
+// cuda-vmm-staged.
 const char* MemoryWord(const MemoryPath& path);
 
 }  // namespace common

@@ -10,6 +10,7 @@
 
 #include <rdma/fabric.h>
 
+#include "cuda_memory.hpp"
 #include "process.hpp"
 
 using namespace testing_support;
@@ -153,23 +154,36 @@ TEST_P(Transfer, ReportedRateAgreesWithWallTime) {
   EXPECT_EQ(server.Wait().exit_code, 0);
 }
 
-// GPU memory: runs where there is a GPU; elsewhere the client must answer 77 (skipped).
+// GPU memory, from cudaMalloc and mapped by the CUDA VMM API (--memory cuda-vmm, on both
+// sides): runs where there is a GPU; elsewhere the client must answer 77 (skipped).
 TEST_P(Transfer, CudaMemoryOrExit77) {
-  StageServer server(stage(), provider(), 1, ServerArgs(stage()));
-  ASSERT_FALSE(server.address().empty());
-  std::vector<std::string> args = {"--pages", "64", "-S", "64k", "--memory", "cuda"};
-  if (RequestsOf(stage()) > 1) args.insert(args.end(), {"--requests", "2"});
-  for (auto& a : LaneArgs(stage())) args.push_back(a);
-  Result client = RunClient(stage(), provider(), server.address(), args);
-  if (client.exit_code == 77) {
-    EXPECT_NE(client.err.find("--memory cuda"), std::string::npos) << client.err;
-    EXPECT_EQ(std::count(client.err.begin(), client.err.end(), '\n'), 1) << client.err;
-    GTEST_SKIP() << "no GPU: " << client.err;
+  const bool gpu = common::CudaDeviceCount() > 0;
+  for (const std::string kind : {"cuda", "cuda-vmm"}) {
+    SCOPED_TRACE("--memory " + kind);
+    std::vector<std::string> server_args = ServerArgs(stage());
+    if (gpu) server_args.insert(server_args.end(), {"--memory", kind});
+    StageServer server(stage(), provider(), 1, server_args);
+    ASSERT_FALSE(server.address().empty());
+    std::vector<std::string> args = {"--pages", "64", "-S", "64k", "--memory", kind};
+    if (RequestsOf(stage()) > 1) args.insert(args.end(), {"--requests", "2"});
+    for (auto& a : LaneArgs(stage())) args.push_back(a);
+    Result client = RunClient(stage(), provider(), server.address(), args, 120s);
+    if (client.exit_code == 77) {
+      EXPECT_NE(client.err.find("--memory " + kind + ":"), std::string::npos) << client.err;
+      EXPECT_EQ(std::count(client.err.begin(), client.err.end(), '\n'), 1) << client.err;
+      EXPECT_FALSE(gpu) << client.err;
+      if (kind == "cuda-vmm") GTEST_SKIP() << "no GPU: " << client.err;
+      continue;
+    }
+    ASSERT_EQ(client.exit_code, 0) << client.out << client.err;
+    EXPECT_NE(client.out.find(kind == "cuda" ? "GPU memory" : "GPU memory mapped in 20 MiB chunks "
+                                                              "by the CUDA VMM API"),
+              std::string::npos)
+        << client.out;
+    EXPECT_EQ(NumberAfter(client.out, "verified "),
+              64 * 65536LL * (RequestsOf(stage()) > 1 ? 2 : 1));
+    EXPECT_EQ(server.Wait().exit_code, 0);
   }
-  ASSERT_EQ(client.exit_code, 0) << client.out << client.err;
-  EXPECT_NE(client.out.find("GPU memory"), std::string::npos) << client.out;
-  EXPECT_EQ(NumberAfter(client.out, "verified "), 64 * 65536LL * (RequestsOf(stage()) > 1 ? 2 : 1));
-  EXPECT_EQ(server.Wait().exit_code, 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(

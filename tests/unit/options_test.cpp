@@ -100,6 +100,21 @@ TEST(Options, DefaultsAndEveryGroup) {
   EXPECT_EQ(p.peer, "abcd");
 }
 
+TEST(Options, MemoryKinds) {
+  for (const auto& [word, kind] : std::vector<std::pair<std::string, MemoryKind>>{
+           {"host", MemoryKind::kHost}, {"cuda", MemoryKind::kCuda},
+           {"cuda-vmm", MemoryKind::kCudaVmm}}) {
+    Options o;
+    ASSERT_EQ(Parse(o, ~0u, {"--memory", word}), -1) << word;
+    EXPECT_EQ(o.memory, kind) << word;
+    EXPECT_EQ(MemoryName(kind), word);
+  }
+  EXPECT_TRUE(IsGpu(MemoryKind::kCuda));
+  EXPECT_TRUE(IsGpu(MemoryKind::kCudaVmm));
+  EXPECT_FALSE(IsGpu(MemoryKind::kHost));
+  EXPECT_FALSE(IsGpu(MemoryKind::kAuto));
+}
+
 TEST(Options, BadUsageIsExitTwo) {
   Options o;
   EXPECT_EQ(Parse(o, ~0u, {"--bogus"}), kExitUsage);
