@@ -160,8 +160,9 @@ TEST_P(Transfer, CudaMemoryOrExit77) {
   const bool gpu = common::CudaDeviceCount() > 0;
   for (const std::string kind : {"cuda", "cuda-vmm"}) {
     SCOPED_TRACE("--memory " + kind);
-    std::vector<std::string> server_args = ServerArgs(stage());
-    if (gpu) server_args.insert(server_args.end(), {"--memory", kind});
+    std::vector<std::string> server_args = ServerArgs(stage());  // host memory, unless a GPU
+    auto memory = std::find(server_args.begin(), server_args.end(), "--memory");
+    if (gpu && memory != server_args.end()) *(memory + 1) = kind;
     StageServer server(stage(), provider(), 1, server_args);
     ASSERT_FALSE(server.address().empty());
     std::vector<std::string> args = {"--pages", "64", "-S", "64k", "--memory", kind};
