@@ -166,13 +166,18 @@ Summary RunSession(const Options& options, std::span<const uint8_t> peer, wire::
   const uint64_t region_pages = 2 * total_pages;
   std::map<size_t, PageBuffer> regions;
   std::vector<MrPtr> region_mrs;
+  Clock::duration registering{};  // registration alone, apart from allocating and the transfer
+  uint64_t registered = 0;
   for (size_t l = 0; l < lanes.size(); ++l) {
     const size_t g = plan.group_of[l];
     if (!regions.count(g))
       regions.try_emplace(g, region_pages * options.page_size, control.memory,
                           plan.groups[g].gpu.value_or(0));
+    const auto before = Clock::now();
     region_mrs.push_back(
         RegisterPages(lanes[l].domain.get(), *lanes[l].info, regions.at(g), FI_REMOTE_WRITE));
+    registering += Clock::now() - before;
+    registered += regions.at(g).size();
   }
   Mail mail(control, kRecvDepth, options.requests + 4);
 
@@ -472,6 +477,8 @@ Summary RunSession(const Options& options, std::span<const uint8_t> peer, wire::
   summary.memory = MemoryWord(control.memory);
   summary.memory_why = control.memory.why;
   summary.server_setup_seconds = static_cast<double>(setup_ns) / 1e9;
+  summary.registered_bytes = registered;
+  summary.registration_seconds = std::chrono::duration<double>(registering).count();
   summary.server_fill_seconds = static_cast<double>(served.fill_ns) / 1e9;
   summary.ignored_messages = from_server.ignored();
   if (print && from_server.ignored() > 0) std::printf("%s\n", from_server.Describe().c_str());

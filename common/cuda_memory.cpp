@@ -108,8 +108,7 @@ static Fn Driver(const char* name) {
 static void DriverCheck(CUresult rc, const char* call) {
   if (rc == CUDA_SUCCESS) return;
   const char* text = nullptr;
-  if (auto name = Driver<CUresult (*)(CUresult, const char**)>("cuGetErrorString"))
-    name(rc, &text);
+  if (auto name = Driver<CUresult (*)(CUresult, const char**)>("cuGetErrorString")) name(rc, &text);
   throw Error(std::string(call) + " failed: " + (text ? text : std::to_string(rc)));
 }
 
@@ -133,8 +132,8 @@ void CudaBuffer::MapVmm() {
   using Reserve = CUresult (*)(CUdeviceptr*, size_t, size_t, CUdeviceptr, unsigned long long);
   using Create = CUresult (*)(CUmemGenericAllocationHandle*, size_t, const CUmemAllocationProp*,
                               unsigned long long);
-  using Map = CUresult (*)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle,
-                           unsigned long long);
+  using Map =
+      CUresult (*)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
   using SetAccess = CUresult (*)(CUdeviceptr, size_t, const CUmemAccessDesc*, size_t);
   auto device_get = Driver<DeviceGet>("cuDeviceGet");
   auto get_attribute = Driver<GetAttribute>("cuDeviceGetAttribute");

@@ -26,6 +26,14 @@ static std::string JsonText(const std::string& text) {
   return out;
 }
 
+// The summary line's words for the JSON's memory word.
+static std::string MemoryWords(const std::string& memory) {
+  if (memory == "host") return "host";
+  const bool vmm = memory.rfind("cuda-vmm", 0) == 0;
+  const bool direct = memory.size() > 6 && memory.compare(memory.size() - 6, 6, "direct") == 0;
+  return std::string(vmm ? "GPU VMM" : "GPU") + (direct ? " (direct)" : " (staged)");
+}
+
 std::string FormatSummary(const Summary& s, bool json) {
   const double gbps = Gbps(s.bytes, s.seconds);
   const double mpps = s.seconds > 0 ? static_cast<double>(s.writes) / s.seconds / 1e6 : 0;
@@ -37,12 +45,14 @@ std::string FormatSummary(const Summary& s, bool json) {
                   "\"gbps\":%.3f,\"link_gbps\":%.3f,\"percent_of_link\":%.2f,\"mpps\":%.4f,"
                   "\"verified_bytes\":%llu,\"lanes\":%d,\"memory\":\"%s\",\"memory_why\":\"%s\","
                   "\"server_setup_seconds\":%.6f,\"server_fill_seconds\":%.6f,"
+                  "\"registered_bytes\":%llu,\"registration_seconds\":%.6f,"
                   "\"ignored_messages\":%llu%s%s%s}",
                   static_cast<unsigned long long>(s.bytes),
                   static_cast<unsigned long long>(s.writes), s.seconds, s.server_seconds, gbps,
                   s.link_gbps, percent, mpps, static_cast<unsigned long long>(s.verified_bytes),
                   s.lanes, s.memory.c_str(), JsonText(s.memory_why).c_str(), s.server_setup_seconds,
-                  s.server_fill_seconds, static_cast<unsigned long long>(s.ignored_messages),
+                  s.server_fill_seconds, static_cast<unsigned long long>(s.registered_bytes),
+                  s.registration_seconds, static_cast<unsigned long long>(s.ignored_messages),
                   s.step.empty() ? "" : ",\"step\":\"", JsonText(s.step).c_str(),
                   s.step.empty() ? "" : "\"");
   } else {
@@ -55,14 +65,21 @@ std::string FormatSummary(const Summary& s, bool json) {
                   static_cast<unsigned long long>(s.bytes), s.seconds, gbps, link, mpps,
                   static_cast<unsigned long long>(s.writes), s.lanes, s.lanes == 1 ? "" : "s",
                   static_cast<unsigned long long>(s.verified_bytes), s.server_seconds,
-                  s.memory == "host"          ? "host"
-                  : s.memory == "cuda-direct" ? "GPU (direct)"
-                                              : "GPU (staged)");
+                  MemoryWords(s.memory).c_str());
   }
-  if (!json && s.ignored_messages > 0)
-    return std::string(line) + "; ignored " + std::to_string(s.ignored_messages) +
-           " messages that were not our server's";
-  return line;
+  if (json) return line;
+  std::string text = line;
+  if (s.registered_bytes > 0) {  // per GiB, so that memory kinds and sizes compare
+    const double gib = static_cast<double>(s.registered_bytes) / (1ull << 30);
+    char reg[128];
+    std::snprintf(reg, sizeof(reg), "; registered %.2f GiB in %.3f s (%.3f s per GiB)", gib,
+                  s.registration_seconds, s.registration_seconds / gib);
+    text += reg;
+  }
+  if (s.ignored_messages > 0)
+    text +=
+        "; ignored " + std::to_string(s.ignored_messages) + " messages that were not our server's";
+  return text;
 }
 
 std::string ClockProblem(const Summary& s, double wall_seconds) {

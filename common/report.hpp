@@ -18,10 +18,13 @@ struct Summary {
   // 07: what opening the session cost the server (once), and filling pages (per request).
   double server_setup_seconds = 0;
   double server_fill_seconds = 0;
+  // 07: what registering the client's own region cost it, apart from the transfer.
+  uint64_t registered_bytes = 0;
+  double registration_seconds = 0;
   double link_gbps = 0;         // theoretical rate; 0 when unknown
   uint64_t verified_bytes = 0;  // distinct bytes checked against the seed's data
   int lanes = 1;
-  std::string memory = "host";    // host, cuda-direct or cuda-staged
+  std::string memory = "host";    // host, cuda-direct, cuda-staged, cuda-vmm-direct, ...
   std::string memory_why;         // how GPU memory moves (direct), or why it is staged
   std::string step;               // 07 --ladder: which rung of the ladder this is
   uint64_t ignored_messages = 0;  // messages dropped as not our server's (common/mailbox.hpp)

@@ -7,6 +7,7 @@
 #include <rdma/fabric.h>
 #include <rdma/fi_domain.h>
 
+#include <chrono>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -15,10 +16,12 @@
 #include "endpoint.hpp"
 #include "error.hpp"
 #include "fabric_handles.hpp"
+#include "process.hpp"
 #include "provider.hpp"
 #include "registration.hpp"
 
 using namespace common;
+using namespace std::chrono_literals;
 
 TEST(GpuMemory, RegistersFromANewThread) {
   if (CudaDeviceCount() == 0) GTEST_SKIP() << "no GPU";
@@ -71,4 +74,24 @@ TEST(GpuMemory, RegistersFromANewThread) {
   EXPECT_EQ(thread_dmabuf, main_dmabuf) << "registration took another path on a new thread";
   std::printf("main thread: dmabuf %s; new thread: dmabuf %s\n", main_dmabuf ? "yes" : "no",
               thread_dmabuf ? "yes" : "no");
+}
+
+// A region of 8 GiB in VMM memory (4 requests of 512 pages of 2 MiB, and a region holds twice
+// the pages asked for: over 400 chunks of 20 MiB), written over shm from the server's own VMM
+// memory and verified; its registration is reported apart, per GiB.
+TEST(GpuMemory, LargeVmmRegionIsWrittenAndVerified) {
+  if (CudaDeviceCount() == 0) GTEST_SKIP() << "no GPU";
+  testing_support::StageServer server(
+      "07_full_p5", "shm", 1,
+      {"--memory", "cuda-vmm", "--client-memory", "8g", "--server-memory", "8g"});
+  ASSERT_FALSE(server.address().empty());
+  testing_support::Result r = testing_support::RunClient(
+      "07_full_p5", "shm", server.address(),
+      {"--memory", "cuda-vmm", "-S", "2m", "--pages", "512", "--requests", "4", "--json"}, 300s);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("\"memory\":\"cuda-vmm-"), std::string::npos) << r.out;
+  EXPECT_EQ(testing_support::NumberAfter(r.out, "\"verified_bytes\":"), 4LL << 30) << r.out;
+  EXPECT_EQ(testing_support::NumberAfter(r.out, "\"registered_bytes\":"), 8LL << 30) << r.out;
+  EXPECT_GT(testing_support::DecimalAfter(r.out, "\"registration_seconds\":"), 0) << r.out;
+  EXPECT_EQ(server.Wait(60s).exit_code, 0);
 }

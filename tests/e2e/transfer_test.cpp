@@ -177,8 +177,9 @@ TEST_P(Transfer, CudaMemoryOrExit77) {
       continue;
     }
     ASSERT_EQ(client.exit_code, 0) << client.out << client.err;
-    EXPECT_NE(client.out.find(kind == "cuda" ? "GPU memory" : "GPU memory mapped in 20 MiB chunks "
-                                                              "by the CUDA VMM API"),
+    EXPECT_NE(client.out.find(kind == "cuda" ? "GPU memory"
+                                             : "GPU memory mapped in 20 MiB chunks "
+                                               "by the CUDA VMM API"),
               std::string::npos)
         << client.out;
     EXPECT_EQ(NumberAfter(client.out, "verified "),

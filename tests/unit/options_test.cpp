@@ -101,9 +101,10 @@ TEST(Options, DefaultsAndEveryGroup) {
 }
 
 TEST(Options, MemoryKinds) {
-  for (const auto& [word, kind] : std::vector<std::pair<std::string, MemoryKind>>{
-           {"host", MemoryKind::kHost}, {"cuda", MemoryKind::kCuda},
-           {"cuda-vmm", MemoryKind::kCudaVmm}}) {
+  for (const auto& [word, kind] :
+       std::vector<std::pair<std::string, MemoryKind>>{{"host", MemoryKind::kHost},
+                                                       {"cuda", MemoryKind::kCuda},
+                                                       {"cuda-vmm", MemoryKind::kCudaVmm}}) {
     Options o;
     ASSERT_EQ(Parse(o, ~0u, {"--memory", word}), -1) << word;
     EXPECT_EQ(o.memory, kind) << word;

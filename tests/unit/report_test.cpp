@@ -1,5 +1,9 @@
 #include <gtest/gtest.h>
 
+#include <string>
+#include <utility>
+#include <vector>
+
 #include "report.hpp"
 
 using namespace common;
@@ -29,6 +33,34 @@ TEST(Report, SummaryCarriesTheFigures) {
             std::string::npos)
       << json;
   EXPECT_NE(json.find(",\"step\":\"+ warmup\"}"), std::string::npos) << json;
+}
+
+// Each memory word has its own words in the summary line (cuda-vmm once read "GPU (staged)"
+// whatever its path), and a registration is reported per GiB.
+TEST(Report, SummarySaysWhichMemoryAndTheRegistrationPerGib) {
+  Summary s;
+  s.bytes = 1 << 20;
+  s.writes = 16;
+  s.seconds = 0.5;
+  for (const auto& [word, words] : std::vector<std::pair<std::string, std::string>>{
+           {"host", "pages in host memory"},
+           {"cuda-direct", "pages in GPU (direct) memory"},
+           {"cuda-staged", "pages in GPU (staged) memory"},
+           {"cuda-vmm-direct", "pages in GPU VMM (direct) memory"},
+           {"cuda-vmm-staged", "pages in GPU VMM (staged) memory"}}) {
+    s.memory = word;
+    EXPECT_NE(FormatSummary(s, false).find(words), std::string::npos) << word;
+  }
+  EXPECT_EQ(FormatSummary(s, false).find("registered"), std::string::npos);
+  s.registered_bytes = 8ull << 30;
+  s.registration_seconds = 0.4;
+  EXPECT_NE(FormatSummary(s, false).find("; registered 8.00 GiB in 0.400 s (0.050 s per GiB)"),
+            std::string::npos)
+      << FormatSummary(s, false);
+  const std::string json = FormatSummary(s, true);
+  EXPECT_NE(json.find("\"registered_bytes\":8589934592,\"registration_seconds\":0.400000"),
+            std::string::npos)
+      << json;
 }
 
 // The clock check every transfer stage runs before it prints: figures that cannot be true.
