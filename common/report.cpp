@@ -72,8 +72,8 @@ std::string FormatSummary(const Summary& s, bool json) {
   if (s.registered_bytes > 0) {  // per GiB, so that memory kinds and sizes compare
     const double gib = static_cast<double>(s.registered_bytes) / (1ull << 30);
     char reg[128];
-    std::snprintf(reg, sizeof(reg), "; registered %.2f GiB in %.3f s (%.3f s per GiB)", gib,
-                  s.registration_seconds, s.registration_seconds / gib);
+    std::snprintf(reg, sizeof(reg), "; registered %.2f GiB in %.3f ms (%.3f ms per GiB)", gib,
+                  s.registration_seconds * 1e3, s.registration_seconds * 1e3 / gib);
     text += reg;
   }
   if (s.ignored_messages > 0)

@@ -54,7 +54,7 @@ TEST(Report, SummarySaysWhichMemoryAndTheRegistrationPerGib) {
   EXPECT_EQ(FormatSummary(s, false).find("registered"), std::string::npos);
   s.registered_bytes = 8ull << 30;
   s.registration_seconds = 0.4;
-  EXPECT_NE(FormatSummary(s, false).find("; registered 8.00 GiB in 0.400 s (0.050 s per GiB)"),
+  EXPECT_NE(FormatSummary(s, false).find("; registered 8.00 GiB in 400.000 ms (50.000 ms per GiB)"),
             std::string::npos)
       << FormatSummary(s, false);
   const std::string json = FormatSummary(s, true);
