@@ -295,14 +295,22 @@ Ep OpenReceiver(std::vector<uint8_t>& buffer, fi_context2& ctx) {
   return e;
 }
 
+// Starts the peer `mode` and waits for its first message (its address, in `buffer`, into which
+// `e` has a receive posted); inserts it into `e`'s AV as `*peer`. False when it never spoke.
+bool StartAndInsertPeer(const char* self, const char* mode, Ep& e, std::vector<uint8_t>& buffer,
+                        pid_t* child, fi_addr_t* peer) {
+  *child = StartPeer(self, mode, e);
+  if (!FirstMessage(e)) return false;
+  return fi_av_insert(e.av, buffer.data(), 1, peer, 0, nullptr) == 1;
+}
+
 int LongMessage(const char* self) {
   std::vector<uint8_t> buffer;
   fi_context2 ctx;
   Ep e = OpenReceiver(buffer, ctx);
-  const pid_t child = StartPeer(self, "peer", e);
-  if (!FirstMessage(e)) return 1;
+  pid_t child = 0;
   fi_addr_t peer = FI_ADDR_UNSPEC, from = FI_ADDR_UNSPEC;
-  if (fi_av_insert(e.av, buffer.data(), 1, &peer, 0, nullptr) != 1) return 1;
+  if (!StartAndInsertPeer(self, "peer", e, buffer, &child, &peer)) return 1;
   std::printf("peer inserted as %llu, now removed\n", static_cast<unsigned long long>(peer));
   Check(fi_av_remove(e.av, &peer, 1, 0), "fi_av_remove");
   PostRecv(e, buffer, ctx);
@@ -318,10 +326,9 @@ int KilledPeer(const char* self) {
   std::vector<uint8_t> buffer;
   fi_context2 ctx;
   Ep e = OpenReceiver(buffer, ctx);
-  const pid_t child = StartPeer(self, "stay", e);
-  if (!FirstMessage(e)) return 1;
+  pid_t child = 0;
   fi_addr_t peer = FI_ADDR_UNSPEC;
-  if (fi_av_insert(e.av, buffer.data(), 1, &peer, 0, nullptr) != 1) return 1;
+  if (!StartAndInsertPeer(self, "stay", e, buffer, &child, &peer)) return 1;
   kill(child, SIGKILL);
   int status = 0;
   Reap(child, &status);
@@ -367,10 +374,9 @@ int LockedPeer(const char* self) {
   std::vector<uint8_t> buffer;
   fi_context2 ctx;
   Ep e = OpenReceiver(buffer, ctx);
-  const pid_t child = StartPeer(self, "lock", e);
-  if (!FirstMessage(e)) return 1;
+  pid_t child = 0;
   fi_addr_t peer = FI_ADDR_UNSPEC;
-  if (fi_av_insert(e.av, buffer.data(), 1, &peer, 0, nullptr) != 1) return 1;
+  if (!StartAndInsertPeer(self, "lock", e, buffer, &child, &peer)) return 1;
   // Messages to the peer (which makes it progress, and so take its lock), from a thread this
   // one can give up on: a wedged send never returns. It stops at the first send it began
   // after the peer was dead, once that returns.
