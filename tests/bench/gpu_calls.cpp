@@ -151,9 +151,10 @@ int Run(uint64_t page, const std::vector<size_t>& thread_counts, double seconds,
       if (t == thread_counts.front()) one = rate / static_cast<double>(t);
       const double gbps = c.copies ? rate * static_cast<double>(page) * 8 / 1e9 : 0;
       if (json)
-        std::printf("{\"case\":\"%s\",\"threads\":%zu,\"page_bytes\":%llu,\"calls_per_s\":%.0f,"
-                    "\"gbps\":%.3f}\n",
-                    c.name, t, static_cast<unsigned long long>(page), rate, gbps);
+        std::printf(
+            "{\"case\":\"%s\",\"threads\":%zu,\"page_bytes\":%llu,\"calls_per_s\":%.0f,"
+            "\"gbps\":%.3f}\n",
+            c.name, t, static_cast<unsigned long long>(page), rate, gbps);
       else
         std::printf("%-60s %2zu threads: %10.0f calls/s (%.2fx one thread)%s\n", c.name, t, rate,
                     one > 0 ? rate / one : 0,
@@ -177,9 +178,10 @@ int main(int argc, char** argv) {
   std::string threads_text = "1,2,4,8";
   double seconds = 0.5;
   bool json = false;
-  CLI::App app{"What libfabric's shm provider asks of CUDA for each WRITE of GPU memory, timed "
-               "from several threads at once",
-               "gpu_calls"};
+  CLI::App app{
+      "What libfabric's shm provider asks of CUDA for each WRITE of GPU memory, timed "
+      "from several threads at once",
+      "gpu_calls"};
   app.add_option_function<std::string>(
       "-S,--page-size", [&](const std::string& s) { page = ParseSize(s, "--page-size"); },
       "Bytes per copy (default 64k)");
@@ -202,7 +204,8 @@ int main(int argc, char** argv) {
         used = 0;
       }
       if (used != item.size() || item.empty() || n == 0 || n > 256)
-        throw UsageError("invalid --threads '" + threads_text + "': counts from 1 to 256, "
+        throw UsageError("invalid --threads '" + threads_text +
+                         "': counts from 1 to 256, "
                          "comma-separated");
       counts.push_back(n);
       from = comma + 1;
