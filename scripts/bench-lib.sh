@@ -1,7 +1,12 @@
-# Helpers the benchmark scripts share (sourced, not run): medians, JSON fields, CPU time
+# Helpers the benchmark scripts share (sourced, not run): sizes, medians, JSON fields, CPU time
 # split, NIC byte counters, and one server/client run across the mini-cluster.
 
 median() { sort -g | awk '{a[NR]=$1} END {if (NR == 0) print "-"; else if (NR % 2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2}'; }  # "-" when there is nothing
+bytes_of() {  # 4096, 64k, 2m, 1g -> bytes; exit status 1 for what is not a size
+  awk -v s="$1" 'BEGIN {n = s + 0; u = tolower(substr(s, length(n "") + 1, 1))
+    if (n <= 0 || (u != "" && u != "k" && u != "m" && u != "g")) exit 1
+    printf "%.0f\n", n * (u == "k" ? 1024 : u == "m" ? 1048576 : u == "g" ? 1073741824 : 1)}'
+}
 field() { sed -n "s/.*\"$1\":\([0-9.]*\).*/\1/p"; }
 cpu_ticks() {  # user nice system idle iowait irq softirq, summed over all CPUs
   awk '/^cpu / {print $2, $3, $4, $5, $6, $7, $8}' /proc/stat
