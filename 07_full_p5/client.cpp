@@ -69,6 +69,7 @@ struct Receiver {
   std::mutex mutex;
   std::string failure;
   std::atomic<bool> failed{false};
+  double cpu_seconds = 0;  // its CPU time, written as it ends (read after join)
   std::thread thread;
 };
 void RunReceiver(Receiver& r, std::span<Network> lanes, size_t requests, WaitMode wait,
@@ -118,6 +119,7 @@ void RunReceiver(Receiver& r, std::span<Network> lanes, size_t requests, WaitMod
     r.failure = e.what();
     r.failed = true;
   }
+  r.cpu_seconds = ThreadCpuSeconds();
 }
 // Stops and joins the receiving threads when it goes out of scope (declared after the lanes
 // they poll, so it goes first), also when the session ends in an error.
@@ -427,6 +429,7 @@ Summary RunSession(const Options& options, std::span<const uint8_t> peer, wire::
   // The clock runs from the first request sent to the last WRITE landed: the server's work
   // (filling its pages) counts, and nothing a provider does with completions can shrink it.
   const auto start = Clock::now();
+  const double cpu_start = ThreadCpuSeconds();  // this thread only watches: it should nap
   for (const auto& request : requests) send(request);
   while (arrived_total() < expected) {
     progress();
@@ -436,6 +439,7 @@ Summary RunSession(const Options& options, std::span<const uint8_t> peer, wire::
                            std::chrono::duration<double>(Clock::now() - start).count());
   }
   const double seconds = std::chrono::duration<double>(last_arrival() - start).count();
+  const double main_cpu = ThreadCpuSeconds() - cpu_start;
   progress_line.End();
   while (done_count + refused_count < requests.size()) progress();  // the server's own clock
   send(wire::Bye{});
@@ -481,6 +485,10 @@ Summary RunSession(const Options& options, std::span<const uint8_t> peer, wire::
   summary.registration_seconds = std::chrono::duration<double>(registering).count();
   summary.server_fill_seconds = static_cast<double>(served.fill_ns) / 1e9;
   summary.ignored_messages = from_server.ignored();
+  summary.main_cpu_seconds = main_cpu;
+  summary.receiver_cpu_seconds = 0;
+  for (const auto& r : receivers.threads) summary.receiver_cpu_seconds += r->cpu_seconds;
+  summary.receiver_threads = static_cast<int>(receivers.threads.size());
   if (print && from_server.ignored() > 0) std::printf("%s\n", from_server.Describe().c_str());
   const std::string problem =
       ClockProblem(summary, std::chrono::duration<double>(Clock::now() - began).count());

@@ -294,6 +294,7 @@ void RunWorker(Worker& w) {
   } catch (const std::exception& e) {
     Fail(s, e.what());
   }
+  w.cpu_seconds = ThreadCpuSeconds();
   w.exited = true;
 }
 }  // namespace p5

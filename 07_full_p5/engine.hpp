@@ -202,6 +202,7 @@ struct Worker {
   Clock::time_point seen_at = Clock::now();
   std::atomic<Clock::rep> last_completion{Clock::now().time_since_epoch().count()};
   std::atomic<bool> exited{false};
+  std::atomic<double> cpu_seconds{0};  // its CPU time, written as it ends
   std::atomic<pid_t> tid{0};
   std::thread thread;
 };

@@ -16,6 +16,7 @@
 #include "error.hpp"
 #include "mailbox.hpp"
 #include "program.hpp"
+#include "report.hpp"
 
 using namespace common;
 
@@ -115,8 +116,9 @@ int Serve(const Options& options, const fi_info& control, WaitMode wait, Engine&
     // closes before its first message is read crashes us (docs/architecture.md), and a
     // stuck thread makes Stop wait 2 s.
     const bool stopped = c.session->Stop([&] { progress(); });
-    std::printf("client %llu %s: %s\n", static_cast<unsigned long long>(number), how.c_str(),
-                c.session->Totals().c_str());
+    std::printf("client %llu %s: %s; control thread %.3f s since the server started\n",
+                static_cast<unsigned long long>(number), how.c_str(), c.session->Totals().c_str(),
+                ThreadCpuSeconds());
     if (!stopped) {
       std::printf("client %llu: a thread stuck in the provider is left at idle priority\n",
                   static_cast<unsigned long long>(number));

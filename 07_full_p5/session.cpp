@@ -139,7 +139,13 @@ std::string Session::Totals() const {
   uint64_t writes = shared.writes, bytes = shared.bytes, most_prepared = 0, posts = 0,
            doorbells = 0, in_poll = 0;
   std::string placement;
+  double cpu = 0;
+  size_t still_running = 0;
   for (const auto& w : workers) {  // sharded counters are summed only now
+    if (w->exited)
+      cpu += w->cpu_seconds;
+    else
+      ++still_running;
     writes += w->writes;
     bytes += w->bytes;
     most_prepared = std::max(most_prepared, w->most_prepared);
@@ -158,7 +164,13 @@ std::string Session::Totals() const {
                 static_cast<unsigned long long>(most_prepared),
                 doorbells ? static_cast<double>(posts) / static_cast<double>(doorbells) : 0.0,
                 posts ? 100.0 * static_cast<double>(in_poll) / static_cast<double>(posts) : 0.0);
-  return line;
+  std::string text = line;
+  char cpu_text[128];
+  std::snprintf(cpu_text, sizeof(cpu_text), "; CPU: data threads %.3f s", cpu);
+  text += cpu_text;
+  if (still_running > 0)  // a thread stuck in the provider has not said what it used
+    text += " (and " + std::to_string(still_running) + " still in the provider)";
+  return text;
 }
 // The engine the service drives: a session per CONNECT, its lanes dealt to its threads in
 // contiguous blocks, which are the topology's groups when there is a thread per group.

@@ -34,6 +34,15 @@ static std::string MemoryWords(const std::string& memory) {
   return std::string(vmm ? "GPU VMM" : "GPU") + (direct ? " (direct)" : " (staged)");
 }
 
+// ,"main_cpu_seconds":..,"receiver_cpu_seconds":.. where 07 measured them, else nothing.
+static std::string CpuJson(const Summary& s) {
+  if (s.main_cpu_seconds < 0) return "";
+  char text[128];
+  std::snprintf(text, sizeof(text), ",\"main_cpu_seconds\":%.6f,\"receiver_cpu_seconds\":%.6f",
+                s.main_cpu_seconds, s.receiver_cpu_seconds);
+  return text;
+}
+
 std::string FormatSummary(const Summary& s, bool json) {
   const double gbps = Gbps(s.bytes, s.seconds);
   const double mpps = s.seconds > 0 ? static_cast<double>(s.writes) / s.seconds / 1e6 : 0;
@@ -46,15 +55,15 @@ std::string FormatSummary(const Summary& s, bool json) {
                   "\"verified_bytes\":%llu,\"lanes\":%d,\"memory\":\"%s\",\"memory_why\":\"%s\","
                   "\"server_setup_seconds\":%.6f,\"server_fill_seconds\":%.6f,"
                   "\"registered_bytes\":%llu,\"registration_seconds\":%.6f,"
-                  "\"ignored_messages\":%llu%s%s%s}",
+                  "\"ignored_messages\":%llu%s%s%s%s}",
                   static_cast<unsigned long long>(s.bytes),
                   static_cast<unsigned long long>(s.writes), s.seconds, s.server_seconds, gbps,
                   s.link_gbps, percent, mpps, static_cast<unsigned long long>(s.verified_bytes),
                   s.lanes, s.memory.c_str(), JsonText(s.memory_why).c_str(), s.server_setup_seconds,
                   s.server_fill_seconds, static_cast<unsigned long long>(s.registered_bytes),
                   s.registration_seconds, static_cast<unsigned long long>(s.ignored_messages),
-                  s.step.empty() ? "" : ",\"step\":\"", JsonText(s.step).c_str(),
-                  s.step.empty() ? "" : "\"");
+                  CpuJson(s).c_str(), s.step.empty() ? "" : ",\"step\":\"",
+                  JsonText(s.step).c_str(), s.step.empty() ? "" : "\"");
   } else {
     char link[64] = "link rate unknown: --link-gbps";
     if (s.link_gbps > 0)
@@ -75,6 +84,13 @@ std::string FormatSummary(const Summary& s, bool json) {
     std::snprintf(reg, sizeof(reg), "; registered %.2f GiB in %.3f ms (%.3f ms per GiB)", gib,
                   s.registration_seconds * 1e3, s.registration_seconds * 1e3 / gib);
     text += reg;
+  }
+  if (s.main_cpu_seconds >= 0) {
+    char cpu[160];
+    std::snprintf(cpu, sizeof(cpu), "; CPU: main thread %.3f s while timed, %d receiver%s %.3f s",
+                  s.main_cpu_seconds, s.receiver_threads, s.receiver_threads == 1 ? "" : "s",
+                  s.receiver_cpu_seconds);
+    text += cpu;
   }
   if (s.ignored_messages > 0)
     text +=
@@ -99,6 +115,11 @@ std::string ClockProblem(const Summary& s, double wall_seconds) {
     std::snprintf(why, sizeof(why),
                   "%.3f Gbps is above the link's %.3f Gbps (is --link-gbps right?)", gbps,
                   s.link_gbps);
+  else if (s.main_cpu_seconds > wall_seconds + 0.05 ||
+           s.receiver_cpu_seconds > s.receiver_threads * wall_seconds + 0.05)
+    std::snprintf(why, sizeof(why),
+                  "CPU time of %.3f s (main) and %.3f s (%d receivers) in a run of %.6f s",
+                  s.main_cpu_seconds, s.receiver_cpu_seconds, s.receiver_threads, wall_seconds);
   return why;
 }
 

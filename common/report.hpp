@@ -1,6 +1,8 @@
 // The figures every transfer stage ends with (docs/architecture.md, "Benchmarks").
 #pragma once
 
+#include <time.h>
+
 #include <chrono>
 #include <cstdint>
 #include <string>
@@ -28,7 +30,20 @@ struct Summary {
   std::string memory_why;         // how GPU memory moves (direct), or why it is staged
   std::string step;               // 07 --ladder: which rung of the ladder this is
   uint64_t ignored_messages = 0;  // messages dropped as not our server's (common/mailbox.hpp)
+  // 07: CPU time by thread role, so that a thread that should only wait and spins shows
+  // (negative: not measured): the main thread's while the transfer was timed (it only watches),
+  // and the receiving threads' sum over their whole life (warmup included).
+  double main_cpu_seconds = -1;
+  double receiver_cpu_seconds = -1;
+  int receiver_threads = 0;
 };
+
+// CPU time the calling thread has used (CLOCK_THREAD_CPUTIME_ID), in seconds.
+inline double ThreadCpuSeconds() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_nsec) / 1e9;
+}
 
 // "" when the figures are possible, else what is wrong: a span longer than the wall time of
 // the run it was measured in, a server busier than its client waited, a rate above the link.

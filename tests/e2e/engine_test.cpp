@@ -80,6 +80,34 @@ TEST_P(Engine, OneTwoAndFourLanesWithOneAndTwoThreads) {
   EXPECT_NE(done.out.find("served 6 clients"), std::string::npos) << done.out;
 }
 
+// CPU time by thread role, on both sides: the client's main thread (which only watches) and its
+// receivers in the JSON, the server's data threads and control thread in its session line.
+// Each is a figure no larger than its threads could have used in the client's wall time.
+TEST_P(Engine, ReportsCpuTimeByThreadRole) {
+  StageServer server(kStage, provider(), 1, {"--memory", "host", "--nics", "2"});
+  ASSERT_FALSE(server.address().empty());
+  const auto began = std::chrono::steady_clock::now();
+  Result client = RunClient(kStage, provider(), server.address(),
+                            Small(1024, {"--nics", "2", "--threads", "2", "--json"}));
+  const double wall =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
+  ASSERT_EQ(client.exit_code, 0) << client.out << client.err;
+  const double main_cpu = DecimalAfter(client.out, "\"main_cpu_seconds\":");
+  const double receivers = DecimalAfter(client.out, "\"receiver_cpu_seconds\":");
+  EXPECT_GE(main_cpu, 0) << client.out;
+  EXPECT_LE(main_cpu, wall) << client.out;
+  EXPECT_GT(receivers, 0) << client.out;  // they polled the lanes for the whole transfer
+  EXPECT_LE(receivers, 2 * wall) << client.out;
+  Result done = server.Wait();
+  ASSERT_EQ(done.exit_code, 0) << done.err;
+  const size_t at = done.out.find("; CPU: data threads ");
+  ASSERT_NE(at, std::string::npos) << done.out;
+  const double data = std::stod(done.out.substr(at + std::string("; CPU: data threads ").size()));
+  EXPECT_GT(data, 0) << done.out;
+  EXPECT_LE(data, 2 * (wall + 1)) << done.out;  // its threads stop just after the BYE
+  EXPECT_NE(done.out.find(" s since the server started"), std::string::npos) << done.out;
+}
+
 // The server's last line about a session: its totals and what each rung did, as counted.
 std::vector<std::string> SessionLines(const std::string& log) {
   std::vector<std::string> lines;
