@@ -175,7 +175,7 @@ int Run(uint64_t page, const std::vector<size_t>& thread_counts, double seconds,
 
 int main(int argc, char** argv) {
   uint64_t page = 64 * 1024;
-  std::string threads_text = "1,2,4,8";
+  std::vector<size_t> counts = {1, 2, 4, 8};
   double seconds = 0.5;
   bool json = false;
   CLI::App app{
@@ -185,31 +185,14 @@ int main(int argc, char** argv) {
   app.add_option_function<std::string>(
       "-S,--page-size", [&](const std::string& s) { page = ParseSize(s, "--page-size"); },
       "Bytes per copy (default 64k)");
-  app.add_option("--threads", threads_text, "Thread counts, comma-separated (default 1,2,4,8)");
+  app.add_option("--threads", counts, "Thread counts, comma-separated (default 1,2,4,8)")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 256));
   app.add_option("--seconds", seconds, "Seconds per case and thread count (default 0.5)")
       ->check(CLI::Range(0.01, 60.0));
   app.add_flag("--json", json, "JSON lines");
   if (int rc = ParseCommandLine(app, argc, argv); rc >= 0) return rc;
   return RunProgram("gpu_calls", [&]() -> int {
-    std::vector<size_t> counts;
-    size_t from = 0;
-    while (from <= threads_text.size()) {
-      const size_t comma = std::min(threads_text.find(',', from), threads_text.size());
-      const std::string item = threads_text.substr(from, comma - from);
-      size_t used = 0;
-      unsigned long n = 0;
-      try {
-        n = std::stoul(item, &used);
-      } catch (const std::exception&) {
-        used = 0;
-      }
-      if (used != item.size() || item.empty() || n == 0 || n > 256)
-        throw UsageError("invalid --threads '" + threads_text +
-                         "': counts from 1 to 256, "
-                         "comma-separated");
-      counts.push_back(n);
-      from = comma + 1;
-    }
 #ifdef HAVE_CUDA
     return Run(page, counts, seconds, json);
 #else
