@@ -376,7 +376,7 @@ Summary RunSession(const Options& options, std::span<const uint8_t> peer, wire::
     // The receivers count the data; this thread only watches, so it naps unless a control
     // message came (a spinning watcher takes a core from the lanes on a small machine).
     if (n == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    if (Clock::now() - last_progress > limit) {
+    if (accepted && Clock::now() - last_progress > limit) {  // before ACCEPT: the loop below
       const std::string owed = missing();
       Abandon(kProgram,
               "no answer from the server within " + FormatSeconds(limit) +
@@ -404,8 +404,10 @@ Summary RunSession(const Options& options, std::span<const uint8_t> peer, wire::
   // Again until answered: the server answers a CONNECT once one came from the address it names.
   for (ConnectRepeat again; !accepted; progress()) {
     if (again.Expired(limit))  // a server that has never heard us takes none of our CONNECTs
-      Abandon(kProgram, "no answer from the server within " + FormatSeconds(limit) +
-                            " to our CONNECT (is it running at that address?)");
+      Abandon(kProgram,
+              "no answer from the server within " + FormatSeconds(limit) + " to our CONNECT (" +
+                  (mail.Queued(server) ? "its endpoint has not taken it" : "taken, unanswered") +
+                  ": is it running at that address?)");
     if (mail.Idle() && again.Due()) send(connect);  // our address is in the server's AV now
   }
   // The receivers start only now: until ACCEPT this thread puts the server's writers into the
