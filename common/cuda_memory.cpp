@@ -89,6 +89,13 @@ std::string CudaPciBusId(int device) {
   return s;
 }
 
+CudaMemory CudaMemoryOf(int device) {
+  CUDA_CHECK(cudaSetDevice(device));
+  CudaMemory m;
+  CUDA_CHECK(cudaMemGetInfo(&m.free, &m.total));
+  return m;
+}
+
 // A driver API function, looked up through the runtime so that nothing links libcuda;
 // nullptr where this driver lacks it.
 template <typename Fn>
@@ -274,6 +281,10 @@ std::string CudaPciBusId(int) {
 }
 static void NoCuda() {
   throw HardwareAbsent("this build has no CUDA support (meson -Dcuda=enabled)");
+}
+CudaMemory CudaMemoryOf(int) {
+  NoCuda();
+  return {};
 }
 CudaBuffer::CudaBuffer(size_t, int, GpuAllocation) {
   NoCuda();

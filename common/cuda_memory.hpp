@@ -14,6 +14,11 @@ int CudaDeviceCount();
 // "NVIDIA H200" and "0000:53:00.0" (lower case) for a device.
 std::string CudaDeviceName(int device);
 std::string CudaPciBusId(int device);
+// The device's free and total memory in bytes (cudaMemGetInfo), as this process sees them.
+struct CudaMemory {
+  size_t free = 0, total = 0;
+};
+CudaMemory CudaMemoryOf(int device);
 
 // A file descriptor with one owner (the dmabuf of a GPU buffer).
 class UniqueFd {

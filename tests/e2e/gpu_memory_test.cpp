@@ -95,3 +95,38 @@ TEST(GpuMemory, LargeVmmRegionIsWrittenAndVerified) {
   EXPECT_GT(testing_support::DecimalAfter(r.out, "\"registration_seconds\":"), 0) << r.out;
   EXPECT_EQ(server.Wait(60s).exit_code, 0);
 }
+
+// The same 8 GiB region with the GPU nearly full: this process takes all but what the server
+// and the client need (their 12 GiB and room for their CUDA contexts), so that the region is
+// allocated, registered and written at the top of the GPU's memory, for cudaMalloc and VMM
+// memory alike. Some stacks fail there (a registration that needs GPU memory of its own).
+TEST(GpuMemory, RegionWrittenWithTheGpuNearlyFull) {
+  if (CudaDeviceCount() == 0) GTEST_SKIP() << "no GPU";
+  constexpr size_t kGiB = size_t{1} << 30;
+  constexpr size_t kNeeded = 12 * kGiB;  // the client's 8 GiB region and the server's 4 GiB
+  constexpr size_t kRoom = 3 * kGiB;     // two CUDA contexts, and the VMM chunks' rounding
+  const CudaMemory before = CudaMemoryOf(0);
+  if (before.free < kNeeded + kRoom)
+    GTEST_SKIP() << "GPU 0 has only " << before.free / kGiB << " GiB free";
+  CudaBuffer filler(before.free - kNeeded - kRoom, 0);
+  const CudaMemory filled = CudaMemoryOf(0);
+  std::printf("GPU 0: %.1f of %.1f GiB free before, %.1f GiB free beside the filler\n",
+              static_cast<double>(before.free) / kGiB, static_cast<double>(before.total) / kGiB,
+              static_cast<double>(filled.free) / kGiB);
+  for (const std::string memory : {"cuda", "cuda-vmm"}) {
+    SCOPED_TRACE(memory);
+    testing_support::StageServer server(
+        "07_full_p5", "shm", 1,
+        {"--memory", memory, "--client-memory", "4g", "--server-memory", "4g"});
+    ASSERT_FALSE(server.address().empty());
+    testing_support::Result r = testing_support::RunClient(
+        "07_full_p5", "shm", server.address(),
+        {"--memory", memory, "-S", "2m", "--pages", "512", "--requests", "4", "--json"}, 300s);
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+    EXPECT_NE(r.out.find("\"memory\":\"" + memory + "-"), std::string::npos) << r.out;
+    EXPECT_EQ(testing_support::NumberAfter(r.out, "\"verified_bytes\":"), 4LL << 30) << r.out;
+    EXPECT_EQ(testing_support::NumberAfter(r.out, "\"registered_bytes\":"), 8LL << 30) << r.out;
+    EXPECT_EQ(server.Wait(60s).exit_code, 0);
+    std::printf("%s: %s\n", memory.c_str(), r.out.c_str());  // its JSON: registration, rate
+  }
+}
