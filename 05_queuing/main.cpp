@@ -112,8 +112,7 @@ Network Network::Open(const Options& options, std::span<const uint8_t> peer, Mem
   hints->ep_attr->type = FI_EP_RDM;           // reliable, unconnected: one endpoint talks to many
   hints->caps = FI_MSG | FI_SOURCE | FI_RMA;  // FI_SOURCE: completions name the sender
   // GPU memory: ask for providers that can take it (FI_HMEM), unless told to stage it.
-  if (IsGpu(memory) && options.gpu_path != GpuPathMode::kStaged)
-    hints->caps |= FI_HMEM;
+  if (IsGpu(memory) && options.gpu_path != GpuPathMode::kStaged) hints->caps |= FI_HMEM;
   hints->mode = FI_CONTEXT | FI_CONTEXT2;
   // The memory-registration modes this program honours (efa-direct asks for all of them).
   hints->domain_attr->mr_mode =
@@ -148,6 +147,8 @@ Network Network::Open(const Options& options, std::span<const uint8_t> peer, Mem
   net.ep.reset(ep);
   FI_CHECK(fi_ep_bind(net.ep.get(), &net.cq->fid, FI_TRANSMIT | FI_RECV));
   FI_CHECK(fi_ep_bind(net.ep.get(), &net.av->fid, 0));
+  // GPUDirect RDMA: this endpoint may not fall back to copying GPU pages with the CUDA API.
+  RefuseCudaApi(net.ep.get(), net.memory);
   FI_CHECK(fi_enable(net.ep.get()));
   return net;
 }

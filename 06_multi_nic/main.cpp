@@ -26,6 +26,7 @@
 #include <list>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -81,7 +82,9 @@ Op* OpOf(void* context) {
 
 class Network {
  public:
-  static Network Open(FiInfoPtr nic, WaitMode wait);
+  // `memory_path` says, once the domain is open, how GPU memory travels on this lane.
+  static Network Open(FiInfoPtr nic, WaitMode wait,
+                      const std::function<MemoryPath(const Network&)>& memory_path);
   std::vector<uint8_t> Address() const;
   fi_addr_t AddPeerAddress(std::span<const uint8_t> address);
   wire::RemoteRegion Advertise(fid_mr* mr, const void* data, size_t size) const;
@@ -122,8 +125,7 @@ std::vector<FiInfoPtr> FindNics(const Options& options, std::span<const uint8_t>
   hints->ep_attr->type = FI_EP_RDM;           // reliable, unconnected: one endpoint talks to many
   hints->caps = FI_MSG | FI_SOURCE | FI_RMA;  // FI_SOURCE: completions name the sender
   // GPU memory: ask for providers that can take it (FI_HMEM), unless told to stage it.
-  if (IsGpu(memory) && options.gpu_path != GpuPathMode::kStaged)
-    hints->caps |= FI_HMEM;
+  if (IsGpu(memory) && options.gpu_path != GpuPathMode::kStaged) hints->caps |= FI_HMEM;
   hints->mode = FI_CONTEXT | FI_CONTEXT2;
   // The memory-registration modes this program honours (efa-direct asks for all of them).
   hints->domain_attr->mr_mode =
@@ -176,7 +178,8 @@ WaitMode ChooseWaitMode(WaitMode requested, const fi_info& nic) {
   return provider.rfind("tcp", 0) == 0 ? WaitMode::kBlock : WaitMode::kSpin;
 }
 
-Network Network::Open(FiInfoPtr nic, WaitMode wait) {
+Network Network::Open(FiInfoPtr nic, WaitMode wait,
+                      const std::function<MemoryPath(const Network&)>& memory_path) {
   Network net;
   net.info = std::move(nic);
   fid_fabric* fabric = nullptr;
@@ -185,6 +188,7 @@ Network Network::Open(FiInfoPtr nic, WaitMode wait) {
   fid_domain* domain = nullptr;
   FI_CHECK(fi_domain(net.fabric.get(), net.info.get(), &domain, nullptr));
   net.domain.reset(domain);
+  net.memory = memory_path(net);
 
   fi_cq_attr cq_attr{};
   cq_attr.format = FI_CQ_FORMAT_DATA;  // with the immediate data of remote writes
@@ -211,22 +215,27 @@ Network Network::Open(FiInfoPtr nic, WaitMode wait) {
   net.ep.reset(ep);
   FI_CHECK(fi_ep_bind(net.ep.get(), &net.cq->fid, FI_TRANSMIT | FI_RECV));
   FI_CHECK(fi_ep_bind(net.ep.get(), &net.av->fid, 0));
+  // GPUDirect RDMA: this endpoint may not fall back to copying GPU pages with the CUDA API.
+  RefuseCudaApi(net.ep.get(), net.memory);
   FI_CHECK(fi_enable(net.ep.get()));
   return net;
 }
 
-// Opens a lane per NIC; lane 0 chooses how GPU memory travels, for all of them.
+// Opens a lane per NIC; lane 0's domain is asked how GPU memory travels, for all of them,
+// before any endpoint is enabled (a lane that moves it by GPUDirect RDMA refuses the CUDA API).
 std::vector<Network> OpenLanes(const Options& options, std::span<const uint8_t> peer) {
   const MemoryKind memory = ResolveMemory(options.memory);
   std::string no_hmem;
   std::vector<Network> lanes;
+  std::optional<MemoryPath> path;
   for (auto& nic : FindNics(options, peer, memory, &no_hmem)) {
     const WaitMode wait = ChooseWaitMode(options.wait, *nic);
-    lanes.push_back(Network::Open(std::move(nic), wait));
+    lanes.push_back(Network::Open(std::move(nic), wait, [&](const Network& lane) {
+      if (!path)
+        path = ChooseMemoryPath(lane.domain.get(), *lane.info, memory, options.gpu_path, no_hmem);
+      return *path;
+    }));
   }
-  lanes[0].memory =
-      ChooseMemoryPath(lanes[0].domain.get(), *lanes[0].info, memory, options.gpu_path, no_hmem);
-  for (auto& lane : lanes) lane.memory = lanes[0].memory;
   return lanes;
 }
 
@@ -348,8 +357,7 @@ std::unique_ptr<Request> PrepareRequest(std::vector<Network>& lanes, const Clien
   r->client = name;
   r->dest = client;
   r->transfer = std::move(transfer);
-  r->source =
-      PageBuffer(count * page_size, lanes[0].memory, 0, Pages::kSmall);  // for one request
+  r->source = PageBuffer(count * page_size, lanes[0].memory, 0, Pages::kSmall);  // for one request
   r->total = total;
   HostBuffer staging;  // GPU memory is filled here first
   FillPages(r->source, 0, r->transfer.seed, r->transfer.pages, page_size, staging);

@@ -148,8 +148,10 @@ Summary RunSession(const Options& options, std::span<const uint8_t> peer, wire::
   control.memory =
       ChooseMemoryPath(control.domain.get(), *control.info, memory, options.gpu_path, no_hmem);
   std::vector<Network> lanes;
-  for (const auto& nic : plan.lanes) lanes.push_back(Network::Open(DataLane(*nic), wait));
-  if (print) PrintHeader("client", plan, wait, control.memory);
+  for (const auto& nic : plan.lanes)
+    lanes.push_back(Network::Open(DataLane(*nic), wait, &control.memory));
+  const std::optional<bool> emulated_write = EmulatedWrite(lanes[0].ep.get());
+  if (print) PrintHeader("client", plan, wait, control.memory, emulated_write);
   const size_t tx = lanes[0].info->tx_attr->size;
   if (options.window > tx)
     throw UsageError("invalid --window " + std::to_string(options.window) + ": the provider's " +
@@ -491,6 +493,7 @@ Summary RunSession(const Options& options, std::span<const uint8_t> peer, wire::
   summary.receiver_cpu_seconds = 0;
   for (const auto& r : receivers.threads) summary.receiver_cpu_seconds += r->cpu_seconds;
   summary.receiver_threads = static_cast<int>(receivers.threads.size());
+  summary.emulated_write = emulated_write ? *emulated_write : -1;
   if (print && from_server.ignored() > 0) std::printf("%s\n", from_server.Describe().c_str());
   const std::string problem =
       ClockProblem(summary, std::chrono::duration<double>(Clock::now() - began).count());

@@ -50,7 +50,7 @@ void BindToGroupMemory(const Worker& w) {
 void OpenLanes(Worker& w) {
   Session& s = *w.session;
   for (size_t l = w.first_lane; l < w.first_lane + w.lane_count; ++l) {
-    w.lanes.push_back(Network::Open(DataLane(*s.plan->lanes[l]), s.wait));
+    w.lanes.push_back(Network::Open(DataLane(*s.plan->lanes[l]), s.wait, &s.memory));
     w.dest.push_back(w.lanes.back().Insert(s.addresses[l]));
     w.writers.push_back(w.lanes.back().Address());
   }

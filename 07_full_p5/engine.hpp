@@ -71,7 +71,8 @@ inline Op* OpOf(void* context) {
 // 03-06 open theirs), with 07's operations and where its pages live.
 class Network : public Endpoint {
  public:
-  static Network Open(FiInfoPtr nic, WaitMode wait);
+  // A data lane gets `pages`, where its pages live: by GPUDirect RDMA it refuses the CUDA API.
+  static Network Open(FiInfoPtr nic, WaitMode wait, const MemoryPath* pages = nullptr);
   wire::RemoteRegion Advertise(fid_mr* mr, const void* data, size_t size) const;
   void PostRecv(Op& op);
   bool PostSend(Op& op, fi_addr_t dest);
@@ -103,7 +104,8 @@ Plan FindNics(const Options& options, std::span<const uint8_t> peer, MemoryKind 
 FiInfoPtr DataLane(const fi_info& nic);
 WaitMode ChooseWaitMode(WaitMode requested, const fi_info& nic);
 void WaitForCompletions(std::span<Network> lanes, int timeout_ms);
-void PrintHeader(const char* role, const Plan& plan, WaitMode wait, const MemoryPath& memory);
+void PrintHeader(const char* role, const Plan& plan, WaitMode wait, const MemoryPath& memory,
+                 std::optional<bool> emulated_write);
 
 // The control messages: receives kept posted, and a queue of messages to send that never
 // makes us wait (common/mailbox.hpp).

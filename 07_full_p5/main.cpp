@@ -47,8 +47,7 @@ Plan FindNics(const Options& options, std::span<const uint8_t> peer, MemoryKind 
   hints->ep_attr->type = FI_EP_RDM;           // reliable, unconnected: one endpoint talks to many
   hints->caps = FI_MSG | FI_SOURCE | FI_RMA;  // FI_SOURCE: completions name the sender
   // GPU memory: ask for providers that can take it (FI_HMEM), unless told to stage it.
-  if (IsGpu(memory) && options.gpu_path != GpuPathMode::kStaged)
-    hints->caps |= FI_HMEM;
+  if (IsGpu(memory) && options.gpu_path != GpuPathMode::kStaged) hints->caps |= FI_HMEM;
   hints->mode = FI_CONTEXT | FI_CONTEXT2;
   // The memory-registration modes this program honours (efa-direct asks for all of them).
   hints->domain_attr->mr_mode =
@@ -116,9 +115,9 @@ WaitMode ChooseWaitMode(WaitMode requested, const fi_info& nic) {
   const std::string provider = nic.fabric_attr->prov_name;
   return provider.rfind("tcp", 0) == 0 ? WaitMode::kBlock : WaitMode::kSpin;
 }
-Network Network::Open(FiInfoPtr nic, WaitMode wait) {
+Network Network::Open(FiInfoPtr nic, WaitMode wait, const MemoryPath* pages) {
   Network net;
-  static_cast<Endpoint&>(net) = Endpoint::Open(*nic, wait == WaitMode::kBlock);
+  static_cast<Endpoint&>(net) = Endpoint::Open(*nic, wait == WaitMode::kBlock, pages);
   net.source = (net.info->caps & FI_SOURCE) != 0;
   return net;
 }
@@ -170,15 +169,22 @@ void WaitForCompletions(std::span<Network> lanes, int timeout_ms) {
   }
   poll(fds.data(), fds.size(), timeout_ms);
 }
-void PrintHeader(const char* role, const Plan& plan, WaitMode wait, const MemoryPath& memory) {
+void PrintHeader(const char* role, const Plan& plan, WaitMode wait, const MemoryPath& memory,
+                 std::optional<bool> emulated_write) {
   std::string domains;
   for (const auto& lane : plan.lanes)
     domains += std::string(domains.empty() ? "" : ",") + lane->domain_attr->name;
-  std::printf("%s %s: provider %s, %zu lane%s (%s), %s, pages in %s\n", kProgram, role,
+  // efa says whether the device writes, or its protocol emulates WRITE with messages.
+  const char* writes = !emulated_write   ? ""
+                       : *emulated_write ? "; efa emulates RDMA WRITE with messages "
+                                           "(FI_OPT_EFA_EMULATED_WRITE: no device RDMA write)"
+                                         : "; RDMA WRITE by the device (FI_OPT_EFA_EMULATED_WRITE "
+                                           "false)";
+  std::printf("%s %s: provider %s, %zu lane%s (%s), %s, pages in %s%s\n", kProgram, role,
               plan.lanes[0]->fabric_attr->prov_name, plan.lanes.size(),
               plan.lanes.size() == 1 ? "" : "s", domains.c_str(),
               wait == WaitMode::kBlock ? "blocking waits" : "spinning",
-              DescribeMemoryPath(memory).c_str());
+              DescribeMemoryPath(memory).c_str(), writes);
   std::fflush(stdout);
 }
 int ServerMain(const Options& options) {
@@ -197,7 +203,7 @@ int ServerMain(const Options& options) {
   Network probe = Network::Open(FiInfoPtr(fi_dupinfo(plan.lanes[0].get())), wait);
   const MemoryPath path =
       ChooseMemoryPath(probe.domain.get(), *probe.info, memory, options.gpu_path, no_hmem);
-  PrintHeader("server", plan, wait, path);
+  PrintHeader("server", plan, wait, path, EmulatedWrite(probe.ep.get()));
   // Control messages have an endpoint of their own on lane 0's NIC (service.cpp); the data
   // lanes are opened per client, by the threads that drive them.
   Engine engine(options, plan, topology, wait, path);

@@ -8,10 +8,11 @@
 #include "address.hpp"
 #include "error.hpp"
 #include "protocol.hpp"
+#include "registration.hpp"
 
 namespace common {
 
-Endpoint Endpoint::Open(const fi_info& info, bool wait_fd) {
+Endpoint Endpoint::Open(const fi_info& info, bool wait_fd, const MemoryPath* pages) {
   Endpoint e;
   e.info.reset(fi_dupinfo(&info));
   fid_fabric* fabric = nullptr;
@@ -42,6 +43,7 @@ Endpoint Endpoint::Open(const fi_info& info, bool wait_fd) {
   e.ep.reset(ep);
   FI_CHECK(fi_ep_bind(e.ep.get(), &e.cq->fid, FI_TRANSMIT | FI_RECV));
   FI_CHECK(fi_ep_bind(e.ep.get(), &e.av->fid, 0));
+  if (pages != nullptr) RefuseCudaApi(e.ep.get(), *pages);
   FI_CHECK(fi_enable(e.ep.get()));
   return e;
 }

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "fabric_handles.hpp"
+#include "page_buffer.hpp"
 
 namespace common {
 
@@ -27,9 +28,11 @@ struct ControlOp {
 
 struct Endpoint {
   // Opens fabric, domain, CQ (FI_CQ_FORMAT_DATA; with a wait fd when `wait_fd`), AV (table)
-  // and an enabled endpoint for `info`. Throws Error (UsageError when the provider has no
-  // wait fd: the user asked for --wait block).
-  static Endpoint Open(const fi_info& info, bool wait_fd = false);
+  // and an enabled endpoint for `info`; an endpoint that moves pages by GPUDirect RDMA
+  // (`pages->nic_only`) refuses the CUDA API first (RefuseCudaApi). Throws Error (UsageError
+  // when the provider has no wait fd: the user asked for --wait block).
+  static Endpoint Open(const fi_info& info, bool wait_fd = false,
+                       const MemoryPath* pages = nullptr);
   std::vector<uint8_t> Address() const;
   // Inserts a peer's address; throws Error when the provider does not accept it.
   fi_addr_t Insert(std::span<const uint8_t> address);

@@ -57,6 +57,9 @@ struct MemoryPath {
   PageBuffer::Path path = PageBuffer::Path::kHost;
   std::string why;  // direct: how the provider moves GPU memory; staged: why it does not
   GpuAllocation allocation = GpuAllocation::kMalloc;  // GPU paths: cudaMalloc or the VMM API
+  // Direct, by GPUDirect RDMA: the provider said it moves this memory with the NIC alone, so
+  // the endpoints that move it refuse the CUDA API (RefuseCudaApi, common/registration.hpp).
+  bool nic_only = false;
 };
 
 // Fills `buffer` from `offset` with the pages `ids` of data set `seed` (page_data.hpp), one

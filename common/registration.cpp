@@ -1,6 +1,7 @@
 #include "registration.hpp"
 
 #include <rdma/fi_endpoint.h>
+#include <rdma/fi_ext.h>
 
 #include <random>
 
@@ -65,19 +66,26 @@ MrPtr RegisterPages(fid_domain* domain, const fi_info& info, const PageBuffer& p
 // with the CUDA API (shm: CUDA IPC; efa without GPUDirect RDMA: copies through host memory).
 // FI_OPT_CUDA_API_PERMITTED (API 1.18 on) tells which: an endpoint that needs the CUDA API
 // refuses to do without it (-FI_EOPNOTSUPP).
+// (An enum, not a macro: the headers' version says whether they have it.)
+#define HAVE_CUDA_API_PERMITTED \
+  FI_VERSION_GE(FI_VERSION(FI_MAJOR_VERSION, FI_MINOR_VERSION), FI_VERSION(1, 18))
 static std::string HowDirect(fid_domain* domain, const fi_info& info, bool dmabuf,
-                             GpuAllocation allocation) {
+                             GpuAllocation allocation, bool* nic_only) {
   const std::string provider = info.fabric_attr->prov_name;
   std::string how = "the provider reads and writes GPU memory (FI_HMEM_CUDA" +
                     std::string(dmabuf ? ", dmabuf)" : ")");
-#ifdef FI_OPT_CUDA_API_PERMITTED
+#if HAVE_CUDA_API_PERMITTED
   fid_ep* ep = nullptr;
   if (fi_endpoint(domain, const_cast<fi_info*>(&info), &ep, nullptr) != 0) return how;
   bool permitted = false;
   const int rc = fi_setopt(&ep->fid, FI_OPT_ENDPOINT, FI_OPT_CUDA_API_PERMITTED, &permitted,
                            sizeof(permitted));
   fi_close(&ep->fid);
-  if (rc == 0) return "GPUDirect RDMA: the NIC reads and writes GPU memory itself";
+  if (rc == 0) {
+    *nic_only = true;
+    return std::string("GPUDirect RDMA: the NIC reads and writes GPU memory itself") +
+           (dmabuf ? " (dmabuf)" : " (peer memory)");
+  }
   if (rc == -FI_EOPNOTSUPP) {
     if (provider == "shm")
       return allocation == GpuAllocation::kVmm
@@ -92,8 +100,37 @@ static std::string HowDirect(fid_domain* domain, const fi_info& info, bool dmabu
 #else
   (void)domain;
   (void)allocation;
+  (void)nic_only;
 #endif
   return how;
+}
+
+void RefuseCudaApi(fid_ep* ep, const MemoryPath& path) {
+  if (!path.nic_only) return;
+#if HAVE_CUDA_API_PERMITTED
+  bool permitted = false;
+  const int rc = fi_setopt(&ep->fid, FI_OPT_ENDPOINT, FI_OPT_CUDA_API_PERMITTED, &permitted,
+                           sizeof(permitted));
+  if (rc != 0)
+    throw Error(std::string("this endpoint will not move GPU memory without the CUDA API "
+                            "(FI_OPT_CUDA_API_PERMITTED false: ") +
+                fi_strerror(-rc) + "), though the probe's did: no GPUDirect RDMA here");
+#else
+  (void)ep;
+#endif
+}
+
+std::optional<bool> EmulatedWrite(fid_ep* ep) {
+#if HAVE_CUDA_API_PERMITTED  // FI_OPT_EFA_EMULATED_WRITE came with the same headers (1.18)
+  bool emulated = false;
+  size_t length = sizeof(emulated);
+  if (fi_getopt(&ep->fid, FI_OPT_ENDPOINT, FI_OPT_EFA_EMULATED_WRITE, &emulated, &length) == 0 &&
+      length == sizeof(emulated))
+    return emulated;
+#else
+  (void)ep;
+#endif
+  return std::nullopt;
 }
 
 MemoryPath ChooseMemoryPath(fid_domain* domain, const fi_info& info, MemoryKind memory,
@@ -118,8 +155,11 @@ MemoryPath ChooseMemoryPath(fid_domain* domain, const fi_info& info, MemoryKind 
             (allocation == GpuAllocation::kVmm ? "VMM-mapped " : "") + "GPU memory: " + e.what();
     }
   }
-  if (why.empty())
-    return {PageBuffer::Path::kGpuDirect, HowDirect(domain, info, dmabuf, allocation), allocation};
+  if (why.empty()) {
+    MemoryPath path{PageBuffer::Path::kGpuDirect, "", allocation};
+    path.why = HowDirect(domain, info, dmabuf, allocation, &path.nic_only);
+    return path;
+  }
   if (mode == GpuPathMode::kDirect) throw HardwareAbsent("--gpu-path direct: " + why);
   return {PageBuffer::Path::kGpuStaged, why, allocation};
 }

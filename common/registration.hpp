@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "cuda_memory.hpp"
@@ -42,6 +43,15 @@ MrPtr RegisterPages(fid_domain* domain, const fi_info& info, const PageBuffer& p
 // cannot: HardwareAbsent (exit 77) with the provider's own reason.
 MemoryPath ChooseMemoryPath(fid_domain* domain, const fi_info& info, MemoryKind memory,
                             GpuPathMode mode, const std::string& no_hmem);
+
+// GPUDirect RDMA (`path.nic_only`): endpoint `ep`, not yet enabled, is told never to call the
+// CUDA API (FI_OPT_CUDA_API_PERMITTED false, API 1.18 on). A provider that would otherwise copy
+// GPU memory through host memory with the CUDA API then refuses, and this throws Error saying
+// so, instead of the run measuring a slow path it did not ask for. Nothing otherwise.
+void RefuseCudaApi(fid_ep* ep, const MemoryPath& path);
+// efa: whether its RDMA WRITE is emulated with messages (FI_OPT_EFA_EMULATED_WRITE true) rather
+// than done by the device; nullopt where the provider does not say (not efa, headers < 1.18).
+std::optional<bool> EmulatedWrite(fid_ep* ep);
 
 // "host memory", "GPU memory, direct (...)", "GPU memory, staged through pinned host memory
 // (...)": the header line's words.

@@ -34,13 +34,17 @@ static std::string MemoryWords(const std::string& memory) {
   return std::string(vmm ? "GPU VMM" : "GPU") + (direct ? " (direct)" : " (staged)");
 }
 
-// ,"main_cpu_seconds":..,"receiver_cpu_seconds":.. where 07 measured them, else nothing.
+// ,"emulated_write":.. (efa), ,"main_cpu_seconds":..,"receiver_cpu_seconds":.. where 07
+// measured them, else nothing.
 static std::string CpuJson(const Summary& s) {
-  if (s.main_cpu_seconds < 0) return "";
+  std::string json;
+  if (s.emulated_write >= 0)
+    json += std::string(",\"emulated_write\":") + (s.emulated_write ? "true" : "false");
+  if (s.main_cpu_seconds < 0) return json;
   char text[128];
   std::snprintf(text, sizeof(text), ",\"main_cpu_seconds\":%.6f,\"receiver_cpu_seconds\":%.6f",
                 s.main_cpu_seconds, s.receiver_cpu_seconds);
-  return text;
+  return json + text;
 }
 
 std::string FormatSummary(const Summary& s, bool json) {

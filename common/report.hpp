@@ -36,6 +36,9 @@ struct Summary {
   double main_cpu_seconds = -1;
   double receiver_cpu_seconds = -1;
   int receiver_threads = 0;
+  // efa: whether its RDMA WRITE was emulated with messages (1) or the device's own (0); -1
+  // where the provider does not say (FI_OPT_EFA_EMULATED_WRITE, common/registration.hpp).
+  int emulated_write = -1;
 };
 
 // CPU time the calling thread has used (CLOCK_THREAD_CPUTIME_ID), in seconds.
