@@ -31,6 +31,7 @@
 #include "mailbox.hpp"
 #include "options.hpp"
 #include "page_buffer.hpp"
+#include "preflight.hpp"
 #include "protocol.hpp"
 #include "registration.hpp"
 #include "report.hpp"
@@ -269,6 +270,9 @@ class Engine : public service::Engine {
   MemoryPath memory_;
   std::atomic<uint64_t> reserved_{0};  // source memory of all open sessions (--server-memory)
 };
+
+// --check: the preflight of this host (check.cpp); 0 ready, 1 not.
+int RunCheck(const Options& options);
 
 // The client (client.cpp).
 void CheckClientOptions(const Options& options);

@@ -232,7 +232,13 @@ int main(int argc, char** argv) {
   AddOptions(app, options,
              kServeOptions | kTransferOptions | kWindowOptions | kWarmupOptions | kLaneOptions |
                  kEngineOptions);
+  bool check = false;
+  app.add_flag("--check", check,
+               "Check this host instead (EFA devices, GPUs, peer memory, huge pages, memlock, "
+               "libfabric and its providers, GPU memory in it, the NICs of each GPU): one line "
+               "each, OK, WARN or FAIL with the fix; exit 0 when ready, 1 when not");
   if (int rc = ParseCommandLine(app, argc, argv); rc >= 0) return rc;
+  if (check) return RunProgram(kProgram, [&] { return RunCheck(options); });
   if (options.peer.empty()) {  // the engine is what each client asks for
     for (const char* name : kEngineOptionNames) {
       if (app.count(name) > 0) {

@@ -1,0 +1,169 @@
+// 07_full_p5 --check (scripts/doctor): is this host ready to run the engine, and will it
+// measure what it says? The checks of the host's files (common/preflight.hpp), then what only a
+// program that loads libfabric and the GPU can ask: the libfabric it loaded against the headers
+// it was built with, the providers and fabrics it offers, whether the provider takes GPU memory
+// and how (GPUDirect RDMA: the NIC alone), whether efa's WRITE is the device's, and the NICs
+// this program would pair with each GPU. One line each, OK, WARN or FAIL with the fix.
+
+#include <rdma/fabric.h>
+
+#include <cstdio>
+#include <cstring>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "engine.hpp"
+#include "error.hpp"
+#include "preflight.hpp"
+#include "provider.hpp"
+
+extern char** environ;
+
+namespace p5 {
+
+namespace {
+
+// The libfabric this process loaded, against its headers.
+CheckLine LibfabricLine() {
+  const uint32_t loaded = fi_version();
+  const std::string problem = LibraryProblem(loaded, ApiVersion());
+  const std::string detail =
+      VersionText(loaded) + " loaded, built with its " + VersionText(ApiVersion()) + " headers";
+  if (!problem.empty())
+    return {Verdict::kFail, "libfabric", detail + ": " + problem,
+            "run with the libfabric it was built against (LIBFABRIC=PREFIX scripts/build)"};
+  return {Verdict::kOk, "libfabric", detail, ""};
+}
+
+// The providers offered; on a host with EFA devices, efa and its fabrics.
+std::vector<CheckLine> ProviderLines(bool efa_devices) {
+  std::vector<CheckLine> lines;
+  const std::vector<std::string> providers = AvailableProviders();
+  std::string list;
+  bool efa = false;
+  for (const auto& p : providers) {
+    list += (list.empty() ? "" : ", ") + p;
+    efa = efa || p == "efa";
+  }
+  if (providers.empty())
+    lines.push_back({Verdict::kFail, "providers", "libfabric offers none", "check FI_PROVIDER"});
+  else if (efa_devices && !efa)
+    lines.push_back({Verdict::kFail, "providers",
+                     list + ": EFA devices, but this libfabric has no efa provider (Debian's and "
+                            "Ubuntu's are built without it)",
+                     "build against the EFA installer's: LIBFABRIC=/opt/amazon/efa scripts/build"});
+  else
+    lines.push_back({Verdict::kOk, "providers", list, ""});
+  if (!efa) return lines;
+  FiInfoPtr hints(fi_allocinfo());
+  hints->fabric_attr->prov_name = strdup("efa");
+  hints->ep_attr->type = FI_EP_RDM;
+  fi_info* found = nullptr;
+  std::set<std::string> fabrics;
+  if (fi_getinfo(ApiVersion(), nullptr, nullptr, 0, hints.get(), &found) == 0) {
+    FiInfoPtr owner(found);
+    for (const fi_info* i = found; i != nullptr; i = i->next)
+      if (i->fabric_attr->name) fabrics.insert(i->fabric_attr->name);
+  }
+  std::string names;
+  for (const auto& f : fabrics) names += (names.empty() ? "" : ", ") + f;
+  lines.push_back(
+      {fabrics.count("efa") ? Verdict::kOk : Verdict::kFail, "efa fabrics",
+       names.empty()
+           ? "none"
+           : names + (fabrics.count("efa-direct") ? "" : " (efa-direct came with libfabric 2.1)"),
+       "the EFA installer's libfabric"});
+  return lines;
+}
+
+// The NICs each group gets, as this program pairs them: a GPU's NICs under its PCIe switch.
+CheckLine PairingLine(const Plan& plan) {
+  std::string detail;
+  std::set<size_t> counts;
+  bool gpu_without_nic = false;
+  for (const auto& g : plan.groups) {
+    std::string nics;
+    for (size_t lane = 0; lane < plan.lanes.size(); ++lane)
+      if (&plan.groups[plan.group_of[lane]] == &g)
+        nics += std::string(nics.empty() ? "" : " ") + plan.lanes[lane]->domain_attr->name;
+    const std::string who =
+        g.gpu ? "cuda:" + std::to_string(*g.gpu) : "host NUMA" + std::to_string(g.numa);
+    detail += (detail.empty() ? "" : "; ") + who + ": " + (nics.empty() ? "no NIC" : nics);
+    counts.insert(g.nics.size());
+    gpu_without_nic = gpu_without_nic || (g.gpu && g.nics.empty());
+  }
+  if (gpu_without_nic || counts.size() > 1)
+    return {Verdict::kWarn, "NICs per GPU", detail,
+            "a GPU with fewer NICs than the others caps the whole run: check the PCIe tree "
+            "(nvidia-smi topo -m) and that every NIC is visible here"};
+  return {Verdict::kOk, "NICs per GPU", detail, ""};
+}
+
+// Whether the provider of lane 0 takes GPU memory, and how; and efa's WRITE.
+std::vector<CheckLine> GpuPathLines(const Plan& plan, bool gpus, bool efa_devices) {
+  std::vector<CheckLine> lines;
+  const std::string provider = plan.lanes[0]->fabric_attr->prov_name;
+  Network probe = Network::Open(FiInfoPtr(fi_dupinfo(plan.lanes[0].get())), WaitMode::kSpin);
+  if (!gpus) {
+    lines.push_back({Verdict::kOk, "GPU memory in libfabric", "not checked: no GPU here", ""});
+  } else {
+    const MemoryPath path = ChooseMemoryPath(probe.domain.get(), *probe.info, MemoryKind::kCuda,
+                                             GpuPathMode::kAuto, "");
+    const bool on_efa = provider == "efa";
+    const std::string detail = provider + ": " + DescribeMemoryPath(path);
+    if (path.nic_only || (path.path == PageBuffer::Path::kGpuDirect && !on_efa))
+      lines.push_back({Verdict::kOk, "GPU memory in libfabric", detail, ""});
+    else
+      lines.push_back({efa_devices ? Verdict::kFail : Verdict::kWarn, "GPU memory in libfabric",
+                       detail,
+                       path.path == PageBuffer::Path::kGpuStaged
+                           ? "a libfabric built with CUDA (the EFA installer's: "
+                             "LIBFABRIC=/opt/amazon/efa)"
+                           : "GPUDirect RDMA: dmabuf or nvidia_peermem (the line above)"});
+  }
+  if (const auto emulated = EmulatedWrite(probe.ep.get()))
+    lines.push_back({*emulated ? Verdict::kFail : Verdict::kOk, "efa RDMA WRITE",
+                     *emulated ? "emulated with messages (FI_OPT_EFA_EMULATED_WRITE true)"
+                               : "by the device (FI_OPT_EFA_EMULATED_WRITE false)",
+                     "a NIC and rdma-core with RDMA write (p5's do), and FI_EFA_USE_DEVICE_RDMA "
+                     "unset"});
+  else
+    lines.push_back({Verdict::kOk, "efa RDMA WRITE",
+                     "not asked: " + provider + " is not efa (or headers before 1.18)", ""});
+  return lines;
+}
+
+}  // namespace
+
+int RunCheck(const Options& options) {
+  const HostFacts host = ReadHostFacts("/");
+  const ProcessFacts process = ReadProcessFacts(environ);
+  std::vector<CheckLine> lines = CheckHost(host, process);
+  lines.push_back(LibfabricLine());
+  for (auto& l : ProviderLines(!host.efa_devices.empty())) lines.push_back(l);
+  try {
+    const MemoryKind memory = process.visible_gpus > 0 ? MemoryKind::kCuda : MemoryKind::kHost;
+    std::string no_hmem;
+    const Plan plan = FindNics(options, {}, memory, &no_hmem, false);
+    lines.push_back(PairingLine(plan));
+    for (auto& l : GpuPathLines(plan, process.visible_gpus > 0, !host.efa_devices.empty()))
+      lines.push_back(l);
+  } catch (const UsageError&) {
+    throw;  // -p or --domain naming nothing here: exit 2, as for any program
+  } catch (const std::exception& e) {
+    lines.push_back({Verdict::kFail, "NICs per GPU", std::string("no NIC to pair: ") + e.what(),
+                     "-p PROVIDER and --domain name what there is (fi_info)"});
+  }
+  size_t counts[3] = {0, 0, 0};
+  for (const auto& l : lines) {
+    std::printf("%s\n", FormatCheck(l).c_str());
+    ++counts[static_cast<int>(l.verdict)];
+  }
+  const int rc = PreflightExitCode(lines);
+  std::printf("%zu OK, %zu WARN, %zu FAIL: %s\n", counts[0], counts[1], counts[2],
+              rc == 0 ? "ready (each WARN says what is slower or untested)" : "not ready");
+  return rc;
+}
+
+}  // namespace p5

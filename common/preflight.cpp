@@ -1,0 +1,249 @@
+#include "preflight.hpp"
+
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "cuda_memory.hpp"
+
+namespace common {
+
+namespace fs = std::filesystem;
+
+std::string FormatCheck(const CheckLine& line) {
+  const char* word = line.verdict == Verdict::kOk     ? "OK  "
+                     : line.verdict == Verdict::kWarn ? "WARN"
+                                                      : "FAIL";
+  std::string text = std::string(word) + "  " + line.name + ": " + line.detail;
+  if (line.verdict != Verdict::kOk && !line.fix.empty()) text += " -> " + line.fix;
+  return text;
+}
+
+int PreflightExitCode(const std::vector<CheckLine>& lines) {
+  return std::any_of(lines.begin(), lines.end(),
+                     [](const CheckLine& l) { return l.verdict == Verdict::kFail; })
+             ? 1
+             : 0;
+}
+
+namespace {
+
+std::vector<std::string> Names(const fs::path& dir, const std::string& prefix = "") {
+  std::vector<std::string> names;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind(prefix, 0) == 0) names.push_back(name);
+  }
+  // In the kernel's numbering: rdmap79s0 before rdmap113s0, uverbs2 before uverbs10.
+  std::sort(names.begin(), names.end(), [](const std::string& a, const std::string& b) {
+    return a.size() != b.size() ? a.size() < b.size() : a < b;
+  });
+  return names;
+}
+
+std::optional<std::string> FirstLine(const fs::path& file) {
+  std::ifstream in(file);
+  std::string line;
+  if (!in || !std::getline(in, line)) return std::nullopt;
+  return line;
+}
+
+std::string Join(const std::vector<std::string>& items, size_t most = 4) {
+  std::string text;
+  for (size_t i = 0; i < items.size() && i < most; ++i) text += (i ? ", " : "") + items[i];
+  if (items.size() > most) text += " ... " + items.back();
+  return text;
+}
+
+std::string Get(const std::map<std::string, std::string>& env, const std::string& name) {
+  auto it = env.find(name);
+  return it == env.end() ? "" : it->second;
+}
+
+std::string Bytes(uint64_t bytes) {
+  if (bytes >= (1ull << 30)) return std::to_string(bytes >> 30) + " GiB";
+  if (bytes >= (1ull << 20)) return std::to_string(bytes >> 20) + " MiB";
+  return std::to_string(bytes >> 10) + " KiB";
+}
+
+}  // namespace
+
+HostFacts ReadHostFacts(const std::string& root) {
+  const fs::path r = root;
+  HostFacts h;
+  std::error_code ec;
+  for (const auto& dev : Names(r / "sys/class/infiniband")) {
+    // The device's driver, as the kernel links it: .../drivers/efa.
+    const fs::path driver =
+        fs::read_symlink(r / "sys/class/infiniband" / dev / "device/driver", ec);
+    if (!ec && driver.filename() == "efa") h.efa_devices.push_back(dev);
+  }
+  h.uverbs = Names(r / "dev/infiniband", "uverbs").size();
+  h.host_gpus = Names(r / "proc/driver/nvidia/gpus");
+  h.nvidia_peermem = fs::exists(r / "sys/module/nvidia_peermem", ec);
+  std::ifstream meminfo(r / "proc/meminfo");
+  for (std::string line; std::getline(meminfo, line);) {
+    std::istringstream words(line);
+    std::string key;
+    long value = 0;
+    words >> key >> value;
+    if (key == "HugePages_Total:") h.hugepages = value;
+    if (key == "Hugepagesize:") h.hugepage_kib = value;
+  }
+  if (auto scope = FirstLine(r / "proc/sys/kernel/yama/ptrace_scope"))
+    h.ptrace_scope = std::atoi(scope->c_str());
+  return h;
+}
+
+ProcessFacts ReadProcessFacts(char** environ_list) {
+  ProcessFacts p;
+  for (char** e = environ_list; e != nullptr && *e != nullptr; ++e) {
+    const std::string entry = *e;
+    const size_t eq = entry.find('=');
+    if (eq != std::string::npos) p.env[entry.substr(0, eq)] = entry.substr(eq + 1);
+  }
+  rlimit limit{};
+  if (getrlimit(RLIMIT_MEMLOCK, &limit) == 0)
+    p.memlock = limit.rlim_cur == RLIM_INFINITY ? UINT64_MAX : limit.rlim_cur;
+  p.visible_gpus = CudaDeviceCount();
+  if (p.visible_gpus > 0) {
+    try {
+      CudaBuffer probe(2 << 20, 0);
+      p.dmabuf = probe.ExportDmabuf(probe.data(), probe.size()).get() >= 0;
+    } catch (const std::exception&) {
+      p.dmabuf = false;
+    }
+  }
+  return p;
+}
+
+std::vector<CheckLine> CheckHost(const HostFacts& host, const ProcessFacts& process) {
+  std::vector<CheckLine> lines;
+  const bool efa = !host.efa_devices.empty();
+  const size_t host_gpus = host.host_gpus.size();
+  const int gpus = process.visible_gpus;
+
+  // EFA devices, and whether this process (a container's) can open them.
+  if (efa)
+    lines.push_back({Verdict::kOk, "EFA devices",
+                     std::to_string(host.efa_devices.size()) + " (" + Join(host.efa_devices) + ")",
+                     ""});
+  else
+    lines.push_back(
+        {Verdict::kWarn, "EFA devices",
+         "none in /sys/class/infiniband: not an EFA host, 07 runs over tcp or shm here",
+         "on AWS, an EFA-enabled instance (p5) with the EFA driver (the EFA installer)"});
+  if (!efa)
+    lines.push_back({Verdict::kOk, "/dev/infiniband", "not needed without EFA devices", ""});
+  else if (host.uverbs >= host.efa_devices.size())
+    lines.push_back({Verdict::kOk, "/dev/infiniband",
+                     std::to_string(host.uverbs) + " uverbs devices this process can open", ""});
+  else
+    lines.push_back({Verdict::kFail, "/dev/infiniband",
+                     std::to_string(host.efa_devices.size()) + " EFA devices in /sys, " +
+                         std::to_string(host.uverbs) +
+                         " in /dev/infiniband: this container was not given them",
+                     "Kubernetes: request vpc.amazonaws.com/efa (the EFA device plugin); docker: "
+                     "--device /dev/infiniband/uverbsN for each"});
+
+  // GPUs: the host's (the driver's list) against this process's (what cgroups, Slurm or
+  // Kubernetes left it), naming what confines them.
+  std::string confined;
+  for (const char* var : {"CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "SLURM_STEP_GPUS",
+                          "SLURM_JOB_GPUS", "GPU_DEVICE_ORDINAL"})
+    if (const std::string v = Get(process.env, var); !v.empty())
+      confined += std::string(confined.empty() ? "" : ", ") + var + "=" + v;
+  const std::string by = confined.empty() ? "" : " (" + confined + ")";
+  const std::string ask_for_gpus =
+      "Slurm: --gpus-per-node=" + std::to_string(std::max<size_t>(host_gpus, 1)) +
+      " (or --gres=gpu:N); Kubernetes: nvidia.com/gpu in the pod's limits; or unset "
+      "CUDA_VISIBLE_DEVICES";
+  if (gpus == 0 && host_gpus == 0)
+    lines.push_back({Verdict::kWarn, "GPUs", "none: 07 moves host memory here",
+                     "a GPU host with the NVIDIA driver (/proc/driver/nvidia/gpus)"});
+  else if (gpus == 0)
+    lines.push_back({Verdict::kFail, "GPUs",
+                     "the driver lists " + std::to_string(host_gpus) + ", this process sees none" +
+                         by + ": --memory auto would move host memory",
+                     ask_for_gpus});
+  else if (static_cast<size_t>(gpus) < host_gpus)
+    lines.push_back({Verdict::kWarn, "GPUs",
+                     "this process sees " + std::to_string(gpus) + " of the host's " +
+                         std::to_string(host_gpus) + by + ": 07 uses only those and their NICs",
+                     ask_for_gpus});
+  else
+    lines.push_back({Verdict::kOk, "GPUs",
+                     std::to_string(gpus) + " visible" +
+                         (host_gpus == 0 ? " (the driver's list is not visible here)" : "") + by,
+                     ""});
+
+  // Peer memory: the NIC can pin GPU pages by dmabuf or through nvidia_peermem.
+  if (gpus == 0)
+    lines.push_back({Verdict::kOk, "GPU peer memory", "not needed without a GPU", ""});
+  else if (process.dmabuf.value_or(false) || host.nvidia_peermem)
+    lines.push_back(
+        {Verdict::kOk, "GPU peer memory",
+         std::string(process.dmabuf.value_or(false) ? "dmabuf export works on a test allocation"
+                                                    : "no dmabuf export") +
+             (host.nvidia_peermem ? "; nvidia_peermem loaded" : ""),
+         ""});
+  else
+    lines.push_back({efa ? Verdict::kFail : Verdict::kWarn, "GPU peer memory",
+                     "no dmabuf export of a test allocation and no nvidia_peermem: a NIC cannot "
+                     "reach GPU memory (efa would copy it through host memory)",
+                     "modprobe nvidia_peermem, or a driver and kernel with dmabuf (NVIDIA open "
+                     "kernel modules, Linux 5.12 or later)"});
+
+  // Huge pages: efa's buffer pools map them (MAP_HUGETLB) and fall back to small pages.
+  const std::string pages = std::to_string(std::max(host.hugepages, 0L)) + " x " +
+                            std::to_string(host.hugepage_kib) + " kB reserved";
+  if (host.hugepages > 0)
+    lines.push_back({Verdict::kOk, "huge pages", pages, ""});
+  else if (efa)
+    lines.push_back({Verdict::kWarn, "huge pages",
+                     pages + ": efa's buffer pools ask for huge pages and fall back to small ones",
+                     "sysctl -w vm.nr_hugepages=N; Kubernetes: hugepages-2Mi in the pod's "
+                     "resources, beside a memory request"});
+  else
+    lines.push_back({Verdict::kOk, "huge pages", pages + " (only efa asks for them)", ""});
+
+  // memlock: registration pins pages.
+  if (process.memlock == UINT64_MAX)
+    lines.push_back({Verdict::kOk, "memlock", "unlimited", ""});
+  else
+    lines.push_back({efa || gpus > 0 ? Verdict::kFail : Verdict::kWarn, "memlock",
+                     Bytes(process.memlock) +
+                         " at most: registering memory with a NIC pins it, and fails beyond",
+                     "ulimit -l unlimited (/etc/security/limits.conf; docker --ulimit "
+                     "memlock=-1; Kubernetes: IPC_LOCK and the runtime's limit)"});
+
+  // ptrace scope: shm reads and writes the other process's memory (process_vm_readv).
+  if (host.ptrace_scope == 0)
+    lines.push_back(
+        {Verdict::kOk, "ptrace scope", "0: shm copies between processes directly (CMA)", ""});
+  else
+    lines.push_back({Verdict::kWarn, "ptrace scope",
+                     std::to_string(host.ptrace_scope) +
+                         ": shm cannot read another process's memory and copies through "
+                         "its bounce buffers (slower; only shm is affected)",
+                     "sysctl -w kernel.yama.ptrace_scope=0"});
+
+  // FI_* variables change what libfabric does: each is named.
+  std::vector<std::string> set;
+  for (const auto& [name, value] : process.env)
+    if (name.rfind("FI_", 0) == 0 && name.rfind("FI_LOG_", 0) != 0)
+      set.push_back(name + "=" + value);
+  if (set.empty())
+    lines.push_back({Verdict::kOk, "FI_* variables", "none set (FI_LOG_* aside)", ""});
+  else
+    lines.push_back({Verdict::kWarn, "FI_* variables", "set: " + Join(set, set.size()),
+                     "unset what you did not mean: each changes what libfabric does "
+                     "(FI_EFA_USE_DEVICE_RDMA=0 turns the device's RDMA off)"});
+  return lines;
+}
+
+}  // namespace common

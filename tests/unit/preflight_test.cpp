@@ -1,0 +1,189 @@
+// The preflight's checks of a host's files (common/preflight.hpp) on fixture trees built here:
+// a p5 (32 EFA devices, 8 GPUs, huge pages, memlock unlimited) where every line is OK, and
+// hosts where each check fails, each line read back.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "preflight.hpp"
+
+using namespace common;
+namespace fs = std::filesystem;
+
+namespace {
+
+// A fixture tree under a fresh temporary folder, removed at the end of the test.
+class Tree {
+ public:
+  Tree() {
+    char pattern[] = "/tmp/preflight-XXXXXX";
+    root_ = mkdtemp(pattern);
+  }
+  ~Tree() { fs::remove_all(root_); }
+  const std::string& root() const { return root_; }
+  void File(const std::string& path, const std::string& text) {
+    fs::create_directories((fs::path(root_) / path).parent_path());
+    std::ofstream(fs::path(root_) / path) << text;
+  }
+  void Dir(const std::string& path) { fs::create_directories(fs::path(root_) / path); }
+  void Link(const std::string& path, const std::string& target) {
+    fs::create_directories((fs::path(root_) / path).parent_path());
+    fs::create_directory_symlink(target, fs::path(root_) / path);
+  }
+
+ private:
+  std::string root_;
+};
+
+// The p5 of docs/p5-facts.md: 32 EFA devices rdmap<bus>s0 (4 per GPU switch), 8 GPUs.
+void MakeP5(Tree& t) {
+  const int first_nic_bus[] = {0x4f, 0x60, 0x71, 0x82, 0x93, 0xa4, 0xb5, 0xc6};
+  const char* gpu_bus[] = {"53", "64", "75", "86", "97", "a8", "b9", "ca"};
+  int uverbs = 0;
+  for (int g = 0; g < 8; ++g) {
+    for (int k = 0; k < 4; ++k) {
+      const std::string dev = "rdmap" + std::to_string(first_nic_bus[g] + k) + "s0";
+      t.Link("sys/class/infiniband/" + dev + "/device/driver", "../../../../bus/pci/drivers/efa");
+      t.File("dev/infiniband/uverbs" + std::to_string(uverbs++), "");
+    }
+    t.Dir(std::string("proc/driver/nvidia/gpus/0000:") + gpu_bus[g] + ":00.0");
+  }
+  t.File("proc/meminfo",
+         "MemTotal:       2097152000 kB\nHugePages_Total:    5128\nHugePages_Free:     5128\n"
+         "Hugepagesize:       2048 kB\n");
+  t.File("proc/sys/kernel/yama/ptrace_scope", "0\n");
+}
+
+ProcessFacts P5Process() {
+  ProcessFacts p;
+  p.visible_gpus = 8;
+  p.dmabuf = true;
+  return p;
+}
+
+const CheckLine& Line(const std::vector<CheckLine>& lines, const std::string& name) {
+  for (const auto& l : lines)
+    if (l.name == name) return l;
+  static CheckLine none{Verdict::kFail, "missing", "no such line", ""};
+  ADD_FAILURE() << "no line named " << name;
+  return none;
+}
+
+std::string All(const std::vector<CheckLine>& lines) {
+  std::string text;
+  for (const auto& l : lines) text += FormatCheck(l) + "\n";
+  return text;
+}
+
+}  // namespace
+
+TEST(Preflight, P5IsReady) {
+  Tree t;
+  MakeP5(t);
+  const HostFacts host = ReadHostFacts(t.root());
+  EXPECT_EQ(host.efa_devices.size(), 32u);
+  EXPECT_EQ(host.efa_devices.front(), "rdmap79s0");  // the kernel's order, not the text's
+  EXPECT_EQ(host.efa_devices.back(), "rdmap201s0");
+  EXPECT_EQ(host.uverbs, 32u);
+  EXPECT_EQ(host.host_gpus.size(), 8u);
+  EXPECT_EQ(host.hugepages, 5128);
+  const auto lines = CheckHost(host, P5Process());
+  for (const auto& l : lines) EXPECT_EQ(l.verdict, Verdict::kOk) << FormatCheck(l);
+  EXPECT_EQ(PreflightExitCode(lines), 0);
+  EXPECT_EQ(FormatCheck(Line(lines, "EFA devices")),
+            "OK    EFA devices: 32 (rdmap79s0, rdmap80s0, rdmap81s0, rdmap82s0 ... rdmap201s0)");
+  EXPECT_EQ(Line(lines, "GPUs").detail, "8 visible");
+  EXPECT_EQ(Line(lines, "huge pages").detail, "5128 x 2048 kB reserved");
+  std::printf("%s", All(lines).c_str());
+}
+
+TEST(Preflight, ContainerWithoutDevInfiniband) {
+  Tree t;
+  MakeP5(t);
+  fs::remove_all(fs::path(t.root()) / "dev/infiniband");
+  const auto lines = CheckHost(ReadHostFacts(t.root()), P5Process());
+  const CheckLine& l = Line(lines, "/dev/infiniband");
+  EXPECT_EQ(l.verdict, Verdict::kFail);
+  EXPECT_EQ(l.detail,
+            "32 EFA devices in /sys, 0 in /dev/infiniband: this container was not given them");
+  EXPECT_NE(l.fix.find("vpc.amazonaws.com/efa"), std::string::npos);
+  EXPECT_EQ(PreflightExitCode(lines), 1);
+}
+
+TEST(Preflight, GpusConfinedOrHidden) {
+  Tree t;
+  MakeP5(t);
+  ProcessFacts p = P5Process();
+  p.visible_gpus = 1;
+  p.env["CUDA_VISIBLE_DEVICES"] = "0";
+  auto lines = CheckHost(ReadHostFacts(t.root()), p);
+  EXPECT_EQ(Line(lines, "GPUs").verdict, Verdict::kWarn);
+  EXPECT_EQ(Line(lines, "GPUs").detail,
+            "this process sees 1 of the host's 8 (CUDA_VISIBLE_DEVICES=0): 07 uses only those and "
+            "their NICs");
+  EXPECT_EQ(PreflightExitCode(lines), 0);
+
+  p.visible_gpus = 0;  // a Slurm step that asked for no GPU, where Slurm confines devices
+  p.env.erase("CUDA_VISIBLE_DEVICES");
+  p.env["SLURM_JOB_GPUS"] = "";
+  p.dmabuf.reset();
+  lines = CheckHost(ReadHostFacts(t.root()), p);
+  EXPECT_EQ(Line(lines, "GPUs").verdict, Verdict::kFail);
+  EXPECT_NE(Line(lines, "GPUs").detail.find("the driver lists 8, this process sees none"),
+            std::string::npos);
+  EXPECT_NE(Line(lines, "GPUs").fix.find("--gpus-per-node=8"), std::string::npos);
+  EXPECT_EQ(PreflightExitCode(lines), 1);
+}
+
+TEST(Preflight, NoPeerMemory) {
+  Tree t;
+  MakeP5(t);
+  ProcessFacts p = P5Process();
+  p.dmabuf = false;
+  auto lines = CheckHost(ReadHostFacts(t.root()), p);
+  EXPECT_EQ(Line(lines, "GPU peer memory").verdict, Verdict::kFail);
+  EXPECT_NE(Line(lines, "GPU peer memory").fix.find("modprobe nvidia_peermem"), std::string::npos);
+  t.Dir("sys/module/nvidia_peermem");  // the module makes up for it
+  lines = CheckHost(ReadHostFacts(t.root()), p);
+  EXPECT_EQ(Line(lines, "GPU peer memory").verdict, Verdict::kOk);
+  EXPECT_EQ(Line(lines, "GPU peer memory").detail, "no dmabuf export; nvidia_peermem loaded");
+}
+
+TEST(Preflight, NoHugePagesMemlockPtraceAndVariables) {
+  Tree t;
+  MakeP5(t);
+  t.File("proc/meminfo", "HugePages_Total:       0\nHugepagesize:       2048 kB\n");
+  t.File("proc/sys/kernel/yama/ptrace_scope", "1\n");
+  ProcessFacts p = P5Process();
+  p.memlock = 64 << 10;
+  p.env["FI_EFA_USE_DEVICE_RDMA"] = "0";
+  p.env["FI_LOG_LEVEL"] = "warn";  // logging changes nothing
+  const auto lines = CheckHost(ReadHostFacts(t.root()), p);
+  EXPECT_EQ(Line(lines, "huge pages").verdict, Verdict::kWarn);
+  EXPECT_NE(Line(lines, "huge pages").fix.find("vm.nr_hugepages"), std::string::npos);
+  EXPECT_EQ(FormatCheck(Line(lines, "memlock")).rfind("FAIL  memlock: 64 KiB at most", 0), 0u);
+  EXPECT_EQ(Line(lines, "ptrace scope").verdict, Verdict::kWarn);
+  EXPECT_EQ(Line(lines, "FI_* variables").detail, "set: FI_EFA_USE_DEVICE_RDMA=0");
+  EXPECT_EQ(PreflightExitCode(lines), 1);
+  std::printf("%s", All(lines).c_str());
+}
+
+TEST(Preflight, HostWithoutEfaOrGpu) {
+  Tree t;  // an empty machine: no /sys/class/infiniband, no NVIDIA driver, no Yama
+  t.File("proc/meminfo", "HugePages_Total:       0\nHugepagesize:       2048 kB\n");
+  ProcessFacts p;
+  p.memlock = 8 << 20;
+  const auto lines = CheckHost(ReadHostFacts(t.root()), p);
+  EXPECT_EQ(Line(lines, "EFA devices").verdict, Verdict::kWarn);
+  EXPECT_NE(Line(lines, "EFA devices").detail.find("not an EFA host"), std::string::npos);
+  EXPECT_EQ(Line(lines, "/dev/infiniband").verdict, Verdict::kOk);
+  EXPECT_EQ(Line(lines, "GPUs").verdict, Verdict::kWarn);
+  EXPECT_EQ(Line(lines, "GPU peer memory").verdict, Verdict::kOk);
+  EXPECT_EQ(Line(lines, "huge pages").verdict, Verdict::kOk);  // only efa asks for them
+  EXPECT_EQ(Line(lines, "memlock").verdict, Verdict::kWarn);   // tcp and shm pin nothing
+  EXPECT_EQ(Line(lines, "ptrace scope").verdict, Verdict::kOk);
+  EXPECT_EQ(PreflightExitCode(lines), 0);
+}
