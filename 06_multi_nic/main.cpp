@@ -699,7 +699,11 @@ int ServerMain(const Options& options) {
         std::printf("client %llu connected: region of %llu bytes, %zu lanes\n",
                     static_cast<unsigned long long>(id),
                     static_cast<unsigned long long>(connect->lanes[0].region.length), used);
-        mail.Send(id, wire::Accept{{}, 0, clients[id].session});
+        // Our lane endpoints, the WRITEs' initiators: efa-direct takes a WRITE only from an
+        // initiator already in the target's AV (fi_efa(7)), so the client inserts each first.
+        std::vector<std::vector<uint8_t>> writers;
+        for (size_t l = 0; l < used; ++l) writers.push_back(lanes[l].Address());
+        mail.Send(id, wire::Accept{writers, 0, clients[id].session});
       } else if (!known) {
         std::printf("dropped a message from a sender that did not CONNECT\n");
       } else if (!genuine) {
@@ -810,6 +814,16 @@ int ClientMain(const Options& options) {
       net.PostRecv(*op);
       if (!message) return;
       if (auto* accept = std::get_if<wire::Accept>(&*message); accept != nullptr && !accepted) {
+        // Each lane's writer into that lane's AV before any WRITE is asked for (lane 0 has
+        // the server already), as efa-direct requires of a target; on every provider, so
+        // that the path a p5 on efa-direct takes is the one every test takes.
+        if (accept->writers.size() > lanes.size())
+          throw Error("the server named " + std::to_string(accept->writers.size()) +
+                      " writers for our " + std::to_string(lanes.size()) + " lanes");
+        for (size_t l = 1; l < accept->writers.size(); ++l)
+          lanes[l].AddPeerAddress(accept->writers[l]);
+        std::printf("the server's writers are in our lanes' AVs: %zu of %zu lanes\n",
+                    accept->writers.size(), lanes.size());
         accepted = true;
         mail.Seal(server, accept->session);  // our TRANSFERs and BYE carry it
       } else if (auto* d = std::get_if<wire::Done>(&*message); d && answers(d->request_id)) {

@@ -293,10 +293,17 @@ TEST_P(Lanes, FourLanesVerified) {
   EXPECT_EQ(NumberAfter(four.out, "\"verified_bytes\":"), 257LL * 16384 * 3);
   EXPECT_EQ(NumberAfter(four.out, "\"lanes\":"), 4);
   EXPECT_NE(four.out.find("4 lanes"), std::string::npos) << four.out;
+  // Every lane's initiator is in that lane's AV before the first WRITE (efa-direct's rule).
+  EXPECT_NE(four.out.find("the server's writers are in our lanes' AVs: 4 of 4 lanes"),
+            std::string::npos)
+      << four.out;
   Result six = RunClient("06_multi_nic", GetParam(), server.address(),
                          {"--memory", "host", "--nics", "6", "--pages", "64", "-S", "4k"});
   ASSERT_EQ(six.exit_code, 0) << six.err;
   EXPECT_EQ(NumberAfter(six.out, "verified "), 64LL * 4096 * 4);
+  EXPECT_NE(six.out.find("the server's writers are in our lanes' AVs: 4 of 6 lanes"),
+            std::string::npos)
+      << six.out;
   Result done = server.Wait();
   EXPECT_EQ(done.exit_code, 0) << done.err;
   EXPECT_NE(done.out.find("4 lanes"), std::string::npos) << done.out;
