@@ -137,7 +137,7 @@ struct Receivers {
 Summary RunSession(const Options& options, std::span<const uint8_t> peer, wire::Engine engine,
                    bool warm, bool print) {
   const auto began = Clock::now();
-  const MemoryKind memory = ResolveMemory(options.memory);
+  const MemoryKind memory = MemoryFor(options);
   std::string no_hmem;
   const Plan plan = FindNics(options, peer, memory, &no_hmem, print);
   const WaitMode wait = ChooseWaitMode(options.wait, *plan.lanes[0]);
@@ -221,7 +221,7 @@ Summary RunSession(const Options& options, std::span<const uint8_t> peer, wire::
   // Receiving threads: as many as the server's data threads, over the same blocks of lanes.
   // The topology they pin with is declared first, so it outlives them: an early exit (a
   // refused warmup) joins them in ~Receivers, and one may only be pinning itself then.
-  const Topology topology = Topology::Load();
+  const Topology topology = LoadTopology(options);
   Receivers receivers;
   const size_t threads = ThreadsFor(engine.threads, plan, lanes.size());
   std::map<const DeviceGroup*, size_t> per_group;
@@ -417,10 +417,10 @@ Summary RunSession(const Options& options, std::span<const uint8_t> peer, wire::
   // locks nothing for us). An insert beside a receiver polling the same lane was a data race
   // on shm's state, the likely cause of a 2.6 shm client that saw no WRITE after its warmup.
   for (auto& r : receivers.threads)
-    r->thread = std::thread(RunReceiver, std::ref(*r),
-                            std::span<Network>(lanes).subspan(r->first_lane, r->lane_count),
-                            requests.size(), wait, std::cref(receivers.stop),
-                            (engine.flags & wire::kEnginePin) ? &topology : nullptr);
+    r->thread = std::thread(
+        RunReceiver, std::ref(*r), std::span<Network>(lanes).subspan(r->first_lane, r->lane_count),
+        requests.size(), wait, std::cref(receivers.stop),
+        (engine.flags & wire::kEnginePin) && IsThisSystem(topology) ? &topology : nullptr);
   if (warm) {
     send(warmup);
     auto warmed = [&] {

@@ -31,6 +31,7 @@ void Fail(Session& s, const std::string& why) {
 // --pin: the thread stays on one core of its group's NUMA node, its caches warm and its
 // NICs' completions handled where their memory is.
 void PinToGroupCore(const Worker& w) {
+  if (!IsThisSystem(*w.session->topology)) return;  // a rehearsal: planned, not bound
   std::string why;
   if (w.cpu && !PinThread(*w.session->topology, *w.cpu, why))
     std::printf("warning: not pinned: %s\n", why.c_str());
@@ -40,6 +41,7 @@ void PinToGroupCore(const Worker& w) {
 // --numa: what the thread allocates from here on (endpoints, queues, its source memory)
 // comes from its group's NUMA node.
 void BindToGroupMemory(const Worker& w) {
+  if (!IsThisSystem(*w.session->topology)) return;
   std::string why;
   if (!BindThreadMemory(*w.session->topology, w.group->numa, why))
     std::printf("warning: memory not bound: %s\n", why.c_str());
@@ -66,7 +68,13 @@ void OpenLanes(Worker& w) {
     w.ops.resize(s.engine.window * w.lane_count);
     for (auto& op : w.ops) w.free_ops.push_back(&op);
   }
-  w.placement = DescribePlacement(*s.topology);
+  if (IsThisSystem(*s.topology))
+    w.placement = DescribePlacement(*s.topology);
+  else  // a rehearsal (--topology): where it would run there
+    w.placement = std::string("planned: ") +
+                  (s.On(wire::kEnginePin) && w.cpu ? "cpu " + std::to_string(*w.cpu) : "any cpu") +
+                  (s.On(wire::kEngineNuma) ? ", memory on node " + std::to_string(w.group->numa)
+                                           : ", memory anywhere");
 }
 // <rung shard>
 // --shard: the thread's own window, no lock. --no-shard: the session's, behind its lock;

@@ -100,6 +100,8 @@ struct Plan {
   std::vector<size_t> group_of;  // per lane
   std::vector<DeviceGroup> groups;
 };
+Topology LoadTopology(const Options& options);
+MemoryKind MemoryFor(const Options& options);
 Plan FindNics(const Options& options, std::span<const uint8_t> peer, MemoryKind memory,
               std::string* no_hmem, bool print);
 FiInfoPtr DataLane(const fi_info& nic);

@@ -37,6 +37,20 @@
 
 namespace p5 {
 
+// This machine's topology, or with --topology the machine that hwloc XML describes.
+Topology LoadTopology(const Options& options) {
+  return options.topology.empty() ? Topology::Load() : Topology::FromXml(options.topology);
+}
+// What the pages are in. A rehearsal (--topology) moves host memory: there is no such GPU here.
+MemoryKind MemoryFor(const Options& options) {
+  if (options.topology.empty()) return ResolveMemory(options.memory);
+  if (IsGpu(options.memory))
+    throw UsageError("--topology rehearses another machine with host memory: --memory " +
+                     std::string(options.memory == MemoryKind::kCuda ? "cuda" : "cuda-vmm") +
+                     " cannot go with it");
+  return MemoryKind::kHost;
+}
+
 // The NICs to use, one fi_info each: the NICs of every group of the topology in group order
 // (GPU 0's first), --nics of them, dealt in turn over all NICs when more lanes than NICs are
 // asked for (several endpoints on one domain, as shm and loopback tcp need).
@@ -75,12 +89,27 @@ Plan FindNics(const Options& options, std::span<const uint8_t> peer, MemoryKind 
     }
     nics.push_back(nic);
   }
+  const Topology topology = LoadTopology(options);
   std::vector<PciAddress> gpus;
-  for (int g = 0; IsGpu(memory) && g < CudaDeviceCount(); ++g)
-    if (auto pci = PciAddress::Parse(CudaPciBusId(g))) gpus.push_back(*pci);
+  if (IsThisSystem(topology)) {
+    for (int g = 0; IsGpu(memory) && g < CudaDeviceCount(); ++g)
+      if (auto pci = PciAddress::Parse(CudaPciBusId(g))) gpus.push_back(*pci);
+  } else {
+    // --topology: a rehearsal of the machine the file describes (a p5: tests/data/p5.xml).
+    // Its GPUs group the NICs, and lane k's NIC takes the place of that machine's k-th NIC
+    // (by PCI address), so that NICs pair, group and get their threads and cores as there.
+    gpus = GpusOf(topology);
+    const std::vector<PciAddress> there = NicsOf(topology);
+    for (size_t k = 0; k < nics.size() && k < there.size(); ++k) nics[k].pci = there[k];
+  }
   Plan plan;
-  plan.groups = GroupDevices(Topology::Load(), gpus, nics);
+  plan.groups = GroupDevices(topology, gpus, nics);
   if (print) {
+    if (!IsThisSystem(topology))
+      std::printf(
+          "rehearsal of the machine in %s: its GPUs, cores and NICs' places, this "
+          "host's NICs and host memory\n",
+          options.topology.c_str());
     std::printf("%s\n", FormatTotals(plan.groups, nics).c_str());
     for (const auto& group : plan.groups) std::printf("  %s\n", FormatGroup(group, nics).c_str());
   }
@@ -194,8 +223,8 @@ int ServerMain(const Options& options) {
   // into a gigabyte. The server's data lanes receive no messages (they only WRITE), its
   // control endpoint a few small ones: 256 are plenty, unless the environment says otherwise.
   setenv("FI_OFI_RXM_MSG_RX_SIZE", "256", 0);
-  const MemoryKind memory = ResolveMemory(options.memory);
-  const Topology topology = Topology::Load();
+  const MemoryKind memory = MemoryFor(options);
+  const Topology topology = LoadTopology(options);
   std::string no_hmem;
   const Plan plan = FindNics(options, {}, memory, &no_hmem, true);
   const WaitMode wait = ChooseWaitMode(options.wait, *plan.lanes[0]);
@@ -232,6 +261,11 @@ int main(int argc, char** argv) {
   AddOptions(app, options,
              kServeOptions | kTransferOptions | kWindowOptions | kWarmupOptions | kLaneOptions |
                  kEngineOptions);
+  app.add_option("--topology", options.topology,
+                 "Rehearse the machine this hwloc XML describes (tests/data/p5.xml: a p5): its "
+                 "GPUs group this host's NICs, which take its NICs' places in order, so the plan "
+                 "(groups, threads, cores) is the one made there; host memory, nothing bound")
+      ->check(CLI::ExistingFile);
   bool check = false;
   app.add_flag("--check", check,
                "Check this host instead (EFA devices, GPUs, peer memory, huge pages, memlock, "

@@ -24,6 +24,7 @@ struct Options {
   std::string provider;  // empty: efa, verbs;ofi_rxm, tcp;ofi_rxm, whichever answers first
   std::string fabric;    // empty: the provider's default fabric (efa: "efa", not "efa-direct")
   std::string domain;
+  std::string topology;  // 07 --topology: plan as on the machine this hwloc XML describes
   std::string address_file;
   uint64_t max_clients = 16;  // server: clients connected at once; one more is refused
   uint64_t exit_after = 0;    // server: exit after serving this many clients (0: never)

@@ -108,6 +108,43 @@ std::vector<unsigned> CoresOf(hwloc_topology_t t, int numa) {
 
 }  // namespace
 
+bool IsThisSystem(const Topology& topology) {
+  return hwloc_topology_is_thissystem(topology.get()) != 0;
+}
+
+namespace {
+std::vector<PciAddress> PciDevices(const Topology& topology, bool (*want)(const hwloc_obj_t&)) {
+  std::vector<PciAddress> found;
+  for (hwloc_obj_t o = hwloc_get_next_pcidev(topology.get(), nullptr); o != nullptr;
+       o = hwloc_get_next_pcidev(topology.get(), o))
+    if (want(o)) {
+      const auto& p = o->attr->pcidev;
+      found.push_back({p.domain, p.bus, p.dev, p.func});
+    }
+  std::sort(found.begin(), found.end(),
+            [](const PciAddress& a, const PciAddress& b) { return a.Full() < b.Full(); });
+  return found;
+}
+}  // namespace
+
+std::vector<PciAddress> GpusOf(const Topology& topology) {
+  return PciDevices(topology, [](const hwloc_obj_t& o) {
+    const auto& p = o->attr->pcidev;
+    return p.vendor_id == 0x10de && (p.class_id == 0x0300 || p.class_id == 0x0302);
+  });
+}
+
+std::vector<PciAddress> NicsOf(const Topology& topology) {
+  auto efa = PciDevices(topology, [](const hwloc_obj_t& o) {
+    const auto& p = o->attr->pcidev;  // Amazon's EFA devices: 1d0f:efa0, efa1, efa2, ...
+    return p.vendor_id == 0x1d0f && (p.device_id & 0xfff0) == 0xefa0;
+  });
+  if (!efa.empty()) return efa;
+  return PciDevices(topology, [](const hwloc_obj_t& o) {
+    return (o->attr->pcidev.class_id >> 8) == 0x02;  // network controllers
+  });
+}
+
 bool PinThread(const Topology& topology, unsigned cpu, std::string& why) {
   hwloc_bitmap_t set = hwloc_bitmap_alloc();
   hwloc_bitmap_only(set, cpu);

@@ -61,6 +61,15 @@ class Topology {
 std::vector<DeviceGroup> GroupDevices(const Topology& topology, const std::vector<PciAddress>& gpus,
                                       const std::vector<NicDevice>& nics);
 
+// Whether the topology is this machine's (hwloc_topology_is_thissystem): one read from XML
+// describes another, and binding threads or memory with it means nothing here.
+bool IsThisSystem(const Topology& topology);
+// The GPUs (NVIDIA display or 3D controllers) and the NICs (EFA devices where there are any,
+// else every Ethernet-class device) of a topology's PCI tree, in PCI address order: what a
+// rehearsal of that machine (07 --topology) pairs and groups.
+std::vector<PciAddress> GpusOf(const Topology& topology);
+std::vector<PciAddress> NicsOf(const Topology& topology);
+
 // Binds the calling thread to one PU (os index). False (and the reason in `why`) where the
 // operating system refuses, e.g. a CPU outside the process's allowed set.
 bool PinThread(const Topology& topology, unsigned cpu, std::string& why);

@@ -118,3 +118,20 @@ TEST(GroupDevices, ThisMachineLoads) {
 TEST(Topology, BadXmlIsAnError) {
   EXPECT_THROW(Topology::FromXml("/nonexistent.xml"), std::exception);
 }
+
+// A rehearsal of the p5 (07 --topology tests/data/p5.xml) finds its 8 GPUs and 32 EFA NICs
+// in PCI order, and knows the file is not this machine (binding with it means nothing here).
+TEST(Topology, DevicesOfAnotherMachine) {
+  const Topology p5 = Topology::FromXml(Fixture("p5.xml"));
+  EXPECT_FALSE(IsThisSystem(p5));
+  EXPECT_TRUE(IsThisSystem(Topology::Load()));
+  const auto gpus = GpusOf(p5);
+  ASSERT_EQ(gpus.size(), 8u);
+  EXPECT_EQ(gpus.front().Short(), "53:00.0");
+  EXPECT_EQ(gpus.back().Short(), "ca:00.0");
+  const auto nics = NicsOf(p5);
+  ASSERT_EQ(nics.size(), 32u);
+  EXPECT_EQ(nics.front().Short(), "4f:00.0");
+  EXPECT_EQ(nics[4].Short(), "60:00.0");  // cuda:1's first
+  EXPECT_EQ(nics.back().Short(), "c9:00.0");
+}
