@@ -56,12 +56,33 @@ void OpenLanes(Worker& w) {
     w.dest.push_back(w.lanes.back().Insert(s.addresses[l]));
     w.writers.push_back(w.lanes.back().Address());
   }
-  const uint64_t bytes = std::max<uint64_t>(s.engine.memory * w.lane_count, 4096);
-  w.pool.memory = PageBuffer(bytes, s.memory, w.group->gpu.value_or(0));
-  w.pool.holes[0] = bytes;
-  for (auto& lane : w.lanes)
-    w.pool.mrs.push_back(RegisterPages(lane.domain.get(), *lane.info, w.pool.memory, FI_WRITE));
-  if (s.memory.path != PageBuffer::Path::kHost) w.staging = HostBuffer(bytes);
+  // A source buffer per group among the thread's lanes, on that group's GPU, registered on
+  // that group's lanes: engine.memory bytes for each of its lanes.
+  std::vector<size_t> groups, lanes_in;  // the groups in lane order, and their lanes here
+  for (size_t l = 0; l < w.lane_count; ++l) {
+    const size_t g = s.plan->group_of[w.first_lane + l];
+    const size_t p = std::find(groups.begin(), groups.end(), g) - groups.begin();
+    if (p == groups.size()) {
+      groups.push_back(g);
+      lanes_in.push_back(0);
+    }
+    ++lanes_in[p];
+    w.pool_of.push_back(p);
+  }
+  w.pools.resize(groups.size());
+  uint64_t largest = 0;
+  for (size_t p = 0; p < groups.size(); ++p) {
+    const uint64_t bytes = std::max<uint64_t>(s.engine.memory * lanes_in[p], 4096);
+    w.pools[p].memory = PageBuffer(bytes, s.memory, s.plan->groups[groups[p]].gpu.value_or(0));
+    w.pools[p].holes[0] = bytes;
+    w.pools[p].mrs.resize(w.lane_count);
+    largest = std::max(largest, bytes);
+  }
+  for (size_t l = 0; l < w.lane_count; ++l) {
+    SourcePool& pool = w.pools[w.pool_of[l]];
+    pool.mrs[l] = RegisterPages(w.lanes[l].domain.get(), *w.lanes[l].info, pool.memory, FI_WRITE);
+  }
+  if (s.memory.path != PageBuffer::Path::kHost) w.staging = HostBuffer(largest);
   w.pending.resize(w.lane_count);
   w.held_back.assign(w.lane_count, 0);
   if (s.On(wire::kEngineShard)) {
@@ -122,19 +143,19 @@ void PlaceShares(Worker& w) {
   }
   for (auto& share : w.shares) {
     if (share->placed) continue;
-    const auto at = w.pool.Take(share->bytes);
+    SourcePool& pool = w.pools[share->pool];
+    const auto at = pool.Take(share->bytes);
     if (!at) return;  // in order: a later share does not overtake one that waits for room
     const auto start = Clock::now();
     const wire::Transfer& t = share->request->transfer;
     share->offset = *at;
     const bool host = w.session->memory.path == PageBuffer::Path::kHost;
-    uint8_t* pages =
-        host ? static_cast<uint8_t*>(w.pool.memory.nic_data()) + *at : w.staging.data();
+    uint8_t* pages = host ? static_cast<uint8_t*>(pool.memory.nic_data()) + *at : w.staging.data();
     for (size_t k = 0; k < share->positions.size(); ++k)
       FillPage({pages + k * t.page_size, t.page_size}, t.seed, t.pages[share->positions[k]]);
     if (!host) {  // one copy for the whole share, then the NIC's view of it
-      w.pool.memory.Write(*at, {pages, share->bytes});
-      w.pool.memory.SyncToNic();
+      pool.memory.Write(*at, {pages, share->bytes});
+      pool.memory.SyncToNic();
     }
     share->fill_ns = static_cast<uint64_t>(
         std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count());
@@ -212,10 +233,10 @@ void PostWrites(Worker& w) {
       const size_t k = share->prepared++ % share->positions.size();
       const size_t lane = share->positions[k] % s.regions.size() - w.first_lane;
       op->kind = OpKind::kWrite;
-      op->buffer =
-          static_cast<uint8_t*>(w.pool.memory.nic_data()) + share->offset + k * t.page_size;
+      op->buffer = static_cast<uint8_t*>(w.pools[share->pool].memory.nic_data()) + share->offset +
+                   k * t.page_size;
       op->length = t.page_size;
-      op->desc = fi_mr_desc(w.pool.mrs[lane].get());
+      op->desc = fi_mr_desc(w.pools[share->pool].mrs[lane].get());
       op->share = share.get();
       op->remote_offset = t.pages[share->positions[k]] * t.page_size;
       op->lane = lane;
@@ -240,7 +261,7 @@ void FinishShares(Worker& w, Clock::time_point now) {
       ++it;
       continue;
     }
-    w.pool.Give(share.offset, share.bytes);
+    w.pools[share.pool].Give(share.offset, share.bytes);
     share.last_completion = now;  // its last completion came in this poll
     Request& r = *share.request;
     {

@@ -130,7 +130,8 @@ struct Request {
 struct Share {
   std::shared_ptr<Request> request;
   std::vector<uint32_t> positions;  // indices into transfer.pages
-  uint64_t offset = 0, bytes = 0;   // its pages' place in the thread's source memory
+  size_t pool = 0;                  // the thread's source buffer it is placed in (its group's)
+  uint64_t offset = 0, bytes = 0;   // its pages' place there
   bool placed = false;              // that place taken and the pages filled
   uint64_t total = 0;               // positions x repeat
   uint64_t prepared = 0, posted = 0, completed = 0;
@@ -142,7 +143,7 @@ struct Share {
 // requests as they come, first fit. Filling pages is then all a request costs.
 struct SourcePool {
   PageBuffer memory;
-  std::vector<MrPtr> mrs;              // per lane of the thread
+  std::vector<MrPtr> mrs;              // per lane of the thread (of its group; else none)
   std::map<uint64_t, uint64_t> holes;  // free parts: offset -> bytes
 
   std::optional<uint64_t> Take(uint64_t bytes) {
@@ -180,9 +181,13 @@ struct Worker {
   size_t lane_count = 0;
   const DeviceGroup* group = nullptr;
   std::optional<unsigned> cpu;  // the core --pin puts it on
-  // Declared before the pool, so that the pool's MRs close before their domains.
+  // Declared before the pools, so that the pools' MRs close before their domains.
   std::vector<Network> lanes;
-  SourcePool pool;
+  // A source buffer per group among its lanes, in that group's GPU (the published engine kept
+  // a buffer per GPU, also when one thread drove every NIC): a lane writes from its own
+  // group's, never across PCIe switches and sockets. A thread per group has one.
+  std::vector<SourcePool> pools;
+  std::vector<size_t> pool_of;  // per lane of the thread: its group's pool
   HostBuffer staging;  // GPU memory: a share's pages are filled here, then copied in one go
   std::vector<fi_addr_t> dest;                // per lane: the client's address in that lane's AV
   std::vector<std::vector<uint8_t>> writers;  // per lane: our endpoint's address

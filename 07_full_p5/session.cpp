@@ -42,7 +42,11 @@ std::vector<std::vector<uint8_t>> Session::Writers() const {
   return all;
 }
 std::string Session::Describe() const {
-  return std::to_string(regions.size()) + " lanes, " + DescribeEngine(engine, workers.size());
+  size_t buffers = 0;
+  for (const auto& w : workers) buffers += w->pools.size();
+  return std::to_string(regions.size()) + " lanes, " + DescribeEngine(engine, workers.size()) +
+         ", source memory in " + std::to_string(buffers) + " buffer" + (buffers == 1 ? "" : "s") +
+         " (one per group and thread)";
 }
 // Splits a validated request into one share per data thread and hands them over. A share
 // larger than its thread's source memory could never be placed: refused.
@@ -51,30 +55,32 @@ std::string Session::Dispatch(wire::Transfer transfer) {
   request->transfer = std::move(transfer);
   const wire::Transfer& t = request->transfer;
   request->done = {t.request_id, 0, UINT64_MAX, 0, 0};
-  std::vector<std::unique_ptr<Share>> shares(workers.size());
+  // A share per thread and source buffer: the pages of that thread's lanes of one group.
+  std::map<std::pair<size_t, size_t>, std::unique_ptr<Share>> shares;
   for (size_t i = 0; i < t.pages.size(); ++i) {
-    auto& share = shares[owner[i % regions.size()]];
+    const size_t lane = i % regions.size(), w = owner[lane];
+    const size_t pool = workers[w]->pool_of[lane - workers[w]->first_lane];
+    auto& share = shares[{w, pool}];
     if (!share) share = std::make_unique<Share>();
+    share->pool = pool;
     share->positions.push_back(static_cast<uint32_t>(i));
   }
-  for (size_t w = 0; w < shares.size(); ++w) {
-    if (!shares[w]) continue;
-    shares[w]->bytes = shares[w]->positions.size() * t.page_size;
-    if (shares[w]->bytes > workers[w]->pool.memory.size())
-      return "request " + std::to_string(t.request_id) + " needs " +
-             std::to_string(shares[w]->bytes) + " bytes of source memory on a thread that holds " +
-             std::to_string(workers[w]->pool.memory.size()) + " (what CONNECT asked for)";
+  for (auto& [at, share] : shares) {
+    share->bytes = share->positions.size() * t.page_size;
+    const uint64_t holds = workers[at.first]->pools[at.second].memory.size();
+    if (share->bytes > holds)
+      return "request " + std::to_string(t.request_id) + " needs " + std::to_string(share->bytes) +
+             " bytes of source memory in a buffer of " + std::to_string(holds) +
+             " (what CONNECT asked for)";
   }
-  request->shares_left = static_cast<size_t>(
-      std::count_if(shares.begin(), shares.end(), [](const auto& x) { return x != nullptr; }));
-  for (size_t w = 0; w < shares.size(); ++w) {
-    if (!shares[w]) continue;
-    Worker& worker = *workers[w];
-    shares[w]->request = request;
-    shares[w]->total = shares[w]->positions.size() * t.repeat;
+  request->shares_left = shares.size();
+  for (auto& [at, share] : shares) {
+    Worker& worker = *workers[at.first];
+    share->request = request;
+    share->total = share->positions.size() * t.repeat;
     {
       std::lock_guard lock(worker.inbox_mutex);
-      worker.inbox.push_back(std::move(shares[w]));
+      worker.inbox.push_back(std::move(share));
       worker.has_inbox = true;
     }
     worker.inbox_ready.notify_all();

@@ -7,6 +7,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -64,10 +65,11 @@ Result Transfer(const MiniCluster& mc, const std::string& stage,
                 Result* server_result) {
   TempDir dir;
   const std::string address_file = dir.path() + "/addr";
-  std::vector<std::string> server = {StageBinary(stage), "-p",           "tcp",
-                                     "--memory",         "host",         "--address-file",
-                                     address_file,       "--exit-after", "1"};
+  std::vector<std::string> server = {StageBinary(stage), "-p",        "tcp", "--memory", "host",
+                                     "--address-file",   address_file};
   server.insert(server.end(), server_args.begin(), server_args.end());
+  if (std::find(server.begin(), server.end(), "--exit-after") == server.end())
+    server.insert(server.end(), {"--exit-after", "1"});  // one client, unless told how many
   Process p(mc.On("A", server));
   const std::string address = WaitForLine(address_file, 20s);
   if (address.empty()) {
@@ -242,6 +244,52 @@ TEST(Cluster, ClientAndServerKilledMidTransfer) {
     EXPECT_EQ(orphan.err.find("signal"), std::string::npos) << orphan.err;
     EXPECT_EQ(orphan.err.find("Backtrace"), std::string::npos) << orphan.err;
   }
+}
+
+// A p5 dress rehearsal: 32 NICs, and both sides reading the p5's topology (--topology
+// tests/data/p5.xml) so that 07 pairs, groups, threads and places as it would there: 8 groups
+// of 4 lanes under the GPUs' switches, a thread per group (one for the first rungs, with a
+// source buffer per group as published), every rung of the ladder, every page verified.
+// Correctness and the plan's p5 shape, not speed (2 cores carry 64 endpoints and 16 threads).
+TEST(Cluster, P5DressRehearsal) {
+  MiniCluster mc(32, 0);
+  ASSERT_TRUE(mc.ok()) << mc.log();
+  const std::string fixture = std::string(std::getenv("E2E_SOURCE_DIR")) + "/tests/data/p5.xml";
+  Result server;
+  Result client = Transfer(mc, "07_full_p5", {"--topology", fixture, "--exit-after", "9"},
+                           {"--topology", fixture, "-S", "16k", "--pages", "256", "--requests", "2",
+                            "--ladder", "--json", "--timeout", "60"},
+                           &server);
+  ASSERT_EQ(client.exit_code, 0) << client.out << client.err << server.out << server.err;
+  EXPECT_EQ(server.exit_code, 0) << server.err;
+  const std::string b = mc.name() + "b";
+  // The header line as on a p5: the published table's groups, this host's NICs in them.
+  EXPECT_NE(client.out.find("GPUs: 8, NICs: 32"), std::string::npos) << client.out;
+  EXPECT_NE(client.out.find("cuda:0(53:00.0) NUMA0 CPU 0-11 " + b + "0 (4f:00.0) " + b +
+                            "1 (50:00.0) " + b + "2 (51:00.0) " + b + "3 (52:00.0)\n"),
+            std::string::npos)
+      << client.out;
+  EXPECT_NE(client.out.find("cuda:7(ca:00.0) NUMA1 CPU 84-95 " + b + "28 (c6:00.0)"),
+            std::string::npos)
+      << client.out;
+  // Nine rungs, each of 32 lanes, each verified.
+  size_t rungs = 0;
+  for (size_t at = client.out.find("{\"bytes\""); at != std::string::npos;
+       at = client.out.find("{\"bytes\"", at + 1)) {
+    const std::string json = client.out.substr(at, client.out.find('\n', at) - at);
+    EXPECT_EQ(NumberAfter(json, "\"verified_bytes\":"), 256LL * 16384 * 2) << json;
+    EXPECT_EQ(NumberAfter(json, "\"lanes\":"), 32) << json;
+    ++rungs;
+  }
+  EXPECT_EQ(rungs, 9u) << client.out;
+  // The server's plan: one thread with a buffer per group, then a thread per group, each
+  // planned on its group's first core and NUMA node (cuda:7's: core 84, node 1).
+  EXPECT_NE(server.out.find("32 lanes, 1 thread, not pinned"), std::string::npos) << server.out;
+  EXPECT_NE(server.out.find("source memory in 8 buffers"), std::string::npos) << server.out;
+  EXPECT_NE(server.out.find("32 lanes, 8 threads, pinned"), std::string::npos) << server.out;
+  EXPECT_NE(server.out.find("planned: cpu 0, memory on node 0"), std::string::npos) << server.out;
+  EXPECT_NE(server.out.find("planned: cpu 84, memory on node 1"), std::string::npos) << server.out;
+  std::printf("%s", client.out.c_str());
 }
 
 TEST(Cluster, NoNamespaceLeftBehind) {
