@@ -20,6 +20,7 @@
 #include "address.hpp"
 #include "engine.hpp"
 #include "error.hpp"
+#include "nic_counters.hpp"
 #include "page_data.hpp"
 #include "program.hpp"
 #include "provider.hpp"
@@ -432,6 +433,12 @@ Summary RunSession(const Options& options, std::span<const uint8_t> peer, wire::
   }
   // The clock runs from the first request sent to the last WRITE landed: the server's work
   // (filling its pages) counts, and nothing a provider does with completions can shrink it.
+  // What the NICs themselves count on the wire (common/nic_counters), from here to the last
+  // WRITE landed, beside the pages they carried.
+  std::vector<std::string> domains;
+  for (const auto& lane : lanes) domains.push_back(lane.info->domain_attr->name);
+  WireBytes wire(domains, WireDirection::kReceived);
+  wire.Start();
   const auto start = Clock::now();
   const double cpu_start = ThreadCpuSeconds();  // this thread only watches: it should nap
   for (const auto& request : requests) send(request);
@@ -442,6 +449,7 @@ Summary RunSession(const Options& options, std::span<const uint8_t> peer, wire::
       progress_line.Update(n, n * options.page_size,
                            std::chrono::duration<double>(Clock::now() - start).count());
   }
+  const std::map<std::string, uint64_t> wire_bytes = wire.Bytes();
   const double seconds = std::chrono::duration<double>(last_arrival() - start).count();
   const double main_cpu = ThreadCpuSeconds() - cpu_start;
   progress_line.End();
@@ -494,6 +502,19 @@ Summary RunSession(const Options& options, std::span<const uint8_t> peer, wire::
   for (const auto& r : receivers.threads) summary.receiver_cpu_seconds += r->cpu_seconds;
   summary.receiver_threads = static_cast<int>(receivers.threads.size());
   summary.emulated_write = emulated_write ? *emulated_write : -1;
+  watch_lanes();                               // each lane's WRITEs, as its receiver counted
+  for (size_t l = 0; l < lanes.size(); ++l) {  // lanes that share a NIC add up
+    const std::string name = domains[l];
+    auto nic = std::find_if(summary.nics.begin(), summary.nics.end(),
+                            [&](const Summary::Nic& n) { return n.name == name; });
+    if (nic == summary.nics.end()) {
+      auto w = wire_bytes.find(name);
+      summary.nics.push_back(
+          {name, 0, w == wire_bytes.end() ? -1 : static_cast<long long>(w->second)});
+      nic = summary.nics.end() - 1;
+    }
+    nic->bytes += lane_seen[l] * options.page_size;
+  }
   if (print && from_server.ignored() > 0) std::printf("%s\n", from_server.Describe().c_str());
   const std::string problem =
       ClockProblem(summary, std::chrono::duration<double>(Clock::now() - began).count());

@@ -29,6 +29,7 @@
 #include "fabric_handles.hpp"
 #include "host_buffer.hpp"
 #include "mailbox.hpp"
+#include "nic_counters.hpp"
 #include "options.hpp"
 #include "page_buffer.hpp"
 #include "preflight.hpp"
@@ -254,6 +255,9 @@ struct Session : service::Session {
   std::mutex mutex;  // guards failure and finished
   std::string failure;
   std::vector<wire::Done> finished;
+  // What its NICs sent on the wire while it was open (their own counters; other sessions'
+  // traffic on the same NICs included): beside the bytes it wrote, in the session's last line.
+  std::unique_ptr<WireBytes> wire;
   std::atomic<uint64_t>* reserved = nullptr;  // the engine's count of all sessions' memory
   uint64_t reservation = 0;                   // this session's part of it
 };

@@ -176,6 +176,16 @@ std::string Session::Totals() const {
   text += cpu_text;
   if (still_running > 0)  // a thread stuck in the provider has not said what it used
     text += " (and " + std::to_string(still_running) + " still in the provider)";
+  if (wire && !wire->empty()) {
+    uint64_t sent = 0;
+    const auto per_nic = wire->Bytes();
+    for (const auto& [nic, b] : per_nic) sent += b;
+    char wire_text[160];
+    std::snprintf(wire_text, sizeof(wire_text),
+                  "; NIC counters: %zu NIC%s sent %.1f MB on the wire while it was open",
+                  per_nic.size(), per_nic.size() == 1 ? "" : "s", static_cast<double>(sent) / 1e6);
+    text += wire_text;
+  }
   return text;
 }
 // The engine the service drives: a session per CONNECT, its lanes dealt to its threads in
@@ -246,6 +256,10 @@ std::unique_ptr<service::Session> Engine::Open(const wire::Connect& connect) {
     why = s->failure;
   }
   if (why.empty() && s->ready < s->workers.size()) why = "its lanes did not open in time";
+  std::vector<std::string> domains;
+  for (size_t l = 0; l < used; ++l) domains.push_back(plan_.lanes[l]->domain_attr->name);
+  s->wire = std::make_unique<WireBytes>(domains, WireDirection::kSent);
+  s->wire->Start();
   if (!why.empty()) {
     if (!s->Stop()) s.release();  // a thread is stuck in the provider: never freed
     throw Error(why);

@@ -34,12 +34,20 @@ static std::string MemoryWords(const std::string& memory) {
   return std::string(vmm ? "GPU VMM" : "GPU") + (direct ? " (direct)" : " (staged)");
 }
 
-// ,"emulated_write":.. (efa), ,"main_cpu_seconds":..,"receiver_cpu_seconds":.. where 07
-// measured them, else nothing.
-static std::string CpuJson(const Summary& s) {
+// The fields only some runs have: "emulated_write" (efa), "nics" (07: per NIC, bytes and
+// wire_bytes), "main_cpu_seconds" and "receiver_cpu_seconds" (07), each where measured.
+static std::string OptionalJson(const Summary& s) {
   std::string json;
   if (s.emulated_write >= 0)
     json += std::string(",\"emulated_write\":") + (s.emulated_write ? "true" : "false");
+  if (!s.nics.empty()) {
+    json += ",\"nics\":[";
+    for (size_t i = 0; i < s.nics.size(); ++i)
+      json += std::string(i ? "," : "") + "{\"name\":\"" + JsonText(s.nics[i].name) +
+              "\",\"bytes\":" + std::to_string(s.nics[i].bytes) +
+              ",\"wire_bytes\":" + std::to_string(s.nics[i].wire_bytes) + "}";
+    json += "]";
+  }
   if (s.main_cpu_seconds < 0) return json;
   char text[128];
   std::snprintf(text, sizeof(text), ",\"main_cpu_seconds\":%.6f,\"receiver_cpu_seconds\":%.6f",
@@ -59,15 +67,16 @@ std::string FormatSummary(const Summary& s, bool json) {
                   "\"verified_bytes\":%llu,\"lanes\":%d,\"memory\":\"%s\",\"memory_why\":\"%s\","
                   "\"server_setup_seconds\":%.6f,\"server_fill_seconds\":%.6f,"
                   "\"registered_bytes\":%llu,\"registration_seconds\":%.6f,"
-                  "\"ignored_messages\":%llu%s%s%s%s}",
+                  "\"ignored_messages\":%llu",
                   static_cast<unsigned long long>(s.bytes),
                   static_cast<unsigned long long>(s.writes), s.seconds, s.server_seconds, gbps,
                   s.link_gbps, percent, mpps, static_cast<unsigned long long>(s.verified_bytes),
                   s.lanes, s.memory.c_str(), JsonText(s.memory_why).c_str(), s.server_setup_seconds,
                   s.server_fill_seconds, static_cast<unsigned long long>(s.registered_bytes),
-                  s.registration_seconds, static_cast<unsigned long long>(s.ignored_messages),
-                  CpuJson(s).c_str(), s.step.empty() ? "" : ",\"step\":\"",
-                  JsonText(s.step).c_str(), s.step.empty() ? "" : "\"");
+                  s.registration_seconds, static_cast<unsigned long long>(s.ignored_messages));
+    // What varies in length (a NIC each, the rung's name) is appended, never cut.
+    return std::string(line) + OptionalJson(s) +
+           (s.step.empty() ? "" : ",\"step\":\"" + JsonText(s.step) + "\"") + "}";
   } else {
     char link[64] = "link rate unknown: --link-gbps";
     if (s.link_gbps > 0)
@@ -80,7 +89,6 @@ std::string FormatSummary(const Summary& s, bool json) {
                   static_cast<unsigned long long>(s.verified_bytes), s.server_seconds,
                   MemoryWords(s.memory).c_str());
   }
-  if (json) return line;
   std::string text = line;
   if (s.registered_bytes > 0) {  // per GiB, so that memory kinds and sizes compare
     const double gib = static_cast<double>(s.registered_bytes) / (1ull << 30);
@@ -95,6 +103,24 @@ std::string FormatSummary(const Summary& s, bool json) {
                   s.main_cpu_seconds, s.receiver_threads, s.receiver_threads == 1 ? "" : "s",
                   s.receiver_cpu_seconds);
     text += cpu;
+  }
+  uint64_t moved = 0, wire = 0;
+  size_t counted = 0;
+  for (const auto& n : s.nics)
+    if (n.wire_bytes >= 0) {
+      moved += n.bytes;
+      wire += static_cast<uint64_t>(n.wire_bytes);
+      ++counted;
+    }
+  if (counted > 0) {  // the NICs' own count beside ours (JSON: per NIC)
+    char w[160];
+    std::snprintf(
+        w, sizeof(w),
+        "; NIC counters: %zu NIC%s received %.1f MB on the wire for %.1f MB of pages (%.1f%%)",
+        counted, counted == 1 ? "" : "s", static_cast<double>(wire) / 1e6,
+        static_cast<double>(moved) / 1e6,
+        moved ? 100.0 * static_cast<double>(wire) / static_cast<double>(moved) : 0.0);
+    text += w;
   }
   if (s.ignored_messages > 0)
     text +=

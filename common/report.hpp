@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace common {
 
@@ -39,6 +40,14 @@ struct Summary {
   // efa: whether its RDMA WRITE was emulated with messages (1) or the device's own (0); -1
   // where the provider does not say (FI_OPT_EFA_EMULATED_WRITE, common/registration.hpp).
   int emulated_write = -1;
+  // 07: per NIC, the bytes of the pages its lanes received and what the NIC itself counted on
+  // the wire meanwhile (-1: no counter, e.g. shm), in the order of the lanes.
+  struct Nic {
+    std::string name;
+    uint64_t bytes = 0;
+    long long wire_bytes = -1;
+  };
+  std::vector<Nic> nics;
 };
 
 // CPU time the calling thread has used (CLOCK_THREAD_CPUTIME_ID), in seconds.

@@ -139,7 +139,16 @@ TEST(Cluster, FullEngineOnFourNics) {
     const long long sent = mc.TxBytes("A", a + std::to_string(i)) - before[i];
     EXPECT_GT(sent, share * 9 / 10) << "NIC " << i;
     EXPECT_LT(sent, share * 12 / 10) << "NIC " << i;
+    // The client's summary puts each NIC's own count of the bytes it received beside the
+    // pages its lane received: exactly its share, and on the wire that plus the protocol's
+    // headers (TCP/IP and rxm, about 1% at 64 KiB pages and MTU 9000), no more.
+    const std::string nic = "{\"name\":\"" + mc.name() + "b" + std::to_string(i) + "\",";
+    EXPECT_EQ(NumberAfter(r.out, nic + "\"bytes\":"), share) << r.out;
+    const long long wire = NumberAfter(r.out.substr(r.out.find(nic)), "\"wire_bytes\":");
+    EXPECT_GE(wire, share) << "NIC " << i << ": " << r.out;
+    EXPECT_LT(wire, share * 103 / 100) << "NIC " << i << ": " << r.out;
   }
+  EXPECT_NE(server.out.find("NIC counters: 4 NICs sent "), std::string::npos) << server.out;
 }
 
 // A NIC down for good mid-transfer (07 does not fail over, README.md "When a NIC fails"):

@@ -1,0 +1,61 @@
+#include "nic_counters.hpp"
+
+#include <filesystem>
+#include <fstream>
+
+namespace common {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::optional<uint64_t> ReadCounter(const std::string& path) {
+  std::ifstream in(path);
+  uint64_t value = 0;
+  if (!(in >> value)) return std::nullopt;
+  return value;
+}
+
+}  // namespace
+
+std::string WireCounterPath(const std::string& domain, WireDirection direction,
+                            const std::string& root) {
+  const bool sent = direction == WireDirection::kSent;
+  // efa names its domains after the device: rdmap79s0-rdm (RDM), rdmap79s0-dgrm.
+  std::string device = domain;
+  for (const char* suffix : {"-rdm", "-dgrm"})
+    if (device.size() > std::string(suffix).size() &&
+        device.compare(device.size() - std::string(suffix).size(), std::string::npos, suffix) == 0)
+      device.resize(device.size() - std::string(suffix).size());
+  const fs::path efa = fs::path(root) / "sys/class/infiniband" / device / "ports/1/hw_counters" /
+                       (sent ? "rdma_write_bytes" : "rdma_write_recv_bytes");
+  std::error_code ec;
+  if (fs::exists(efa, ec)) return efa.string();
+  const fs::path net =
+      fs::path(root) / "sys/class/net" / domain / "statistics" / (sent ? "tx_bytes" : "rx_bytes");
+  if (fs::exists(net, ec)) return net.string();
+  return "";
+}
+
+WireBytes::WireBytes(const std::vector<std::string>& domains, WireDirection direction,
+                     const std::string& root) {
+  for (const auto& d : domains)
+    if (const std::string path = WireCounterPath(d, direction, root); !path.empty())
+      paths_[d] = path;
+}
+
+void WireBytes::Start() {
+  for (const auto& [domain, path] : paths_) start_[domain] = ReadCounter(path).value_or(0);
+}
+
+std::map<std::string, uint64_t> WireBytes::Bytes() const {
+  std::map<std::string, uint64_t> bytes;
+  for (const auto& [domain, path] : paths_) {
+    const auto now = ReadCounter(path);
+    const auto start = start_.find(domain);
+    if (now && start != start_.end() && *now >= start->second) bytes[domain] = *now - start->second;
+  }
+  return bytes;
+}
+
+}  // namespace common
