@@ -97,3 +97,30 @@ TEST(Report, ProgressLineInThePublishedForm) {
   EXPECT_EQ(FormatProgress(10, 0, 1000, 1, 0),
             "progress: 1.0 s, 0.0% done, 10 ops, 0.0 MB, 0.000 Gbps, 0.0000 Mpps");
 }
+
+// Per NIC, the pages' bytes and the wire's, for 32 NICs whole (a JSON line far longer than a
+// fixed buffer would hold), and efa's WRITE; the summary adds up the NICs that have counters.
+TEST(Report, NicsAndEmulatedWrite) {
+  Summary s;
+  s.bytes = 32ull << 20;
+  s.seconds = 1;
+  s.emulated_write = 0;
+  for (int i = 0; i < 32; ++i)
+    s.nics.push_back({"rdmap" + std::to_string(79 + i) + "s0-rdm", 1 << 20, (1 << 20) + 1000});
+  s.nics.push_back({"shm", 4096, -1});
+  s.step = "+ warmup";
+  const std::string json = FormatSummary(s, true);
+  EXPECT_NE(json.find(",\"emulated_write\":false,\"nics\":[{\"name\":\"rdmap79s0-rdm\",\"bytes\":"
+                      "1048576,\"wire_bytes\":1049576},"),
+            std::string::npos)
+      << json;
+  EXPECT_NE(
+      json.find("{\"name\":\"shm\",\"bytes\":4096,\"wire_bytes\":-1}],\"step\":\"+ warmup\"}"),
+      std::string::npos)
+      << json;
+  const std::string text = FormatSummary(s, false);
+  EXPECT_NE(text.find("; NIC counters: 32 NICs received 33.6 MB on the wire for 33.6 MB of pages "
+                      "(100.1%)"),
+            std::string::npos)
+      << text;
+}

@@ -1,0 +1,55 @@
+// The NICs' own counters (common/nic_counters.hpp) on fixture trees: an efa device named as
+// libfabric names its domain (rdmap79s0-rdm), a netdev, shm without any; bytes since Start.
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "nic_counters.hpp"
+
+using namespace common;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Tree {
+  Tree() {
+    char pattern[] = "/tmp/nic-counters-XXXXXX";
+    root = mkdtemp(pattern);
+  }
+  ~Tree() { fs::remove_all(root); }
+  void Set(const std::string& path, uint64_t value) {
+    fs::create_directories((fs::path(root) / path).parent_path());
+    std::ofstream(fs::path(root) / path) << value << "\n";
+  }
+  std::string root;
+};
+
+}  // namespace
+
+TEST(WireBytes, EfaAndNetdevCountersSinceStart) {
+  Tree t;
+  const std::string efa = "sys/class/infiniband/rdmap79s0/ports/1/hw_counters/";
+  t.Set(efa + "rdma_write_recv_bytes", 1000);
+  t.Set(efa + "rdma_write_bytes", 7);
+  t.Set("sys/class/net/mcb2/statistics/rx_bytes", 50);
+  EXPECT_EQ(WireCounterPath("rdmap79s0-rdm", WireDirection::kReceived, t.root),
+            t.root + "/" + efa + "rdma_write_recv_bytes");
+  EXPECT_EQ(WireCounterPath("rdmap79s0-rdm", WireDirection::kSent, t.root),
+            t.root + "/" + efa + "rdma_write_bytes");
+  EXPECT_EQ(WireCounterPath("mcb2", WireDirection::kReceived, t.root),
+            t.root + "/sys/class/net/mcb2/statistics/rx_bytes");
+  EXPECT_EQ(WireCounterPath("shm", WireDirection::kReceived, t.root), "");
+
+  WireBytes wire({"rdmap79s0-rdm", "mcb2", "mcb2", "shm"}, WireDirection::kReceived, t.root);
+  EXPECT_FALSE(wire.empty());
+  wire.Start();
+  t.Set(efa + "rdma_write_recv_bytes", 1000 + 65536);
+  t.Set("sys/class/net/mcb2/statistics/rx_bytes", 50 + 4096);
+  const auto bytes = wire.Bytes();
+  ASSERT_EQ(bytes.size(), 2u);  // shm has no counter; mcb2 once for its two lanes
+  EXPECT_EQ(bytes.at("rdmap79s0-rdm"), 65536u);
+  EXPECT_EQ(bytes.at("mcb2"), 4096u);
+  EXPECT_TRUE(WireBytes({"shm"}, WireDirection::kSent, t.root).empty());
+}
