@@ -70,6 +70,12 @@ struct Receiver {
   std::mutex mutex;
   std::string failure;
   std::atomic<bool> failed{false};
+  // How often it went round, and whether it is inside the provider's fi_cq_read now: one call
+  // can last seconds while data flows (shm 2.x drains its command queue in one progress call,
+  // as long as the writer keeps it from emptying), and the main thread must not take that for
+  // silence (README.md, "When a client waits").
+  std::atomic<uint64_t> rounds{0};
+  std::atomic<bool> reading{false};
   double cpu_seconds = 0;  // its CPU time, written as it ends (read after join)
   std::thread thread;
 };
@@ -83,6 +89,8 @@ void RunReceiver(Receiver& r, std::span<Network> lanes, size_t requests, WaitMod
   try {
     while (!stop) {
       size_t n = 0;
+      r.rounds.store(r.rounds.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+      r.reading.store(true, std::memory_order_relaxed);
       for (size_t l = 0; l < r.lane_count; ++l) {
         n += ReadCompletions(
             lanes[l].cq.get(), false,
@@ -103,6 +111,7 @@ void RunReceiver(Receiver& r, std::span<Network> lanes, size_t requests, WaitMod
                           lanes[l].info->domain_attr->name + "): " + e.text);
             });
       }
+      r.reading.store(false, std::memory_order_relaxed);
       if (n > 0) {
         // The clock is read once, not per completion: at 1.5 M WRITEs a second reading it
         // for each batch cost 2% of this thread.
@@ -362,6 +371,31 @@ Summary RunSession(const Options& options, std::span<const uint8_t> peer, wire::
                     " before the others: its NIC or its path failed (07 does not fail over)";
     return lanes_owed;
   };
+  // A receiver inside one call of the provider's (its round count unchanged): the provider may
+  // be moving our data there, so its silence is not the server's; but a call that does not
+  // return in `inside_bound` (6 x --timeout, at least a minute) is the provider's wedge.
+  const auto inside_bound = std::max<Clock::duration>(6 * limit, std::chrono::seconds(60));
+  std::vector<uint64_t> rounds_seen(receivers.threads.size(), 0);
+  std::vector<Clock::time_point> same_since(receivers.threads.size(), Clock::now());
+  auto inside_provider = [&] {
+    bool inside = false;
+    const auto now = Clock::now();
+    for (size_t i = 0; i < receivers.threads.size(); ++i) {
+      const Receiver& r = *receivers.threads[i];
+      const uint64_t rounds = r.rounds.load(std::memory_order_relaxed);
+      if (rounds != rounds_seen[i]) {
+        rounds_seen[i] = rounds;
+        same_since[i] = now;
+        continue;
+      }
+      if (!r.reading.load(std::memory_order_relaxed) || now - same_since[i] < limit / 100) continue;
+      if (now - same_since[i] > inside_bound)
+        Abandon(kProgram, "a receiving thread has been inside the provider's fi_cq_read for " +
+                              FormatSeconds(now - same_since[i]) + ": it does not return");
+      inside = true;
+    }
+    return inside;
+  };
   auto progress = [&] {
     size_t n = control.PollCompletion(on_done, on_error);
     if (!mail.Flush(limit).empty())
@@ -373,7 +407,7 @@ Summary RunSession(const Options& options, std::span<const uint8_t> peer, wire::
         Abandon(kProgram, r->failure);
       }
     const uint64_t now_seen = arrived_total();
-    if (n > 0 || now_seen != seen) last_progress = Clock::now();
+    if (n > 0 || now_seen != seen || inside_provider()) last_progress = Clock::now();
     watch_lanes();
     seen = now_seen;
     // The receivers count the data; this thread only watches, so it naps unless a control
