@@ -520,11 +520,15 @@ int main(int argc, char** argv) {
       // bounded; on a loaded host a tcp endpoint can take a second.)
       std::vector<std::unique_ptr<Peer>> peers;
       for (uint64_t i = 0; i < count; ++i) peers.push_back(Open(options, server, true));
-      for (auto& p : peers) SendMessage(*p, ConnectOf(*p, 1 << 20), deadline);
+      // The exchange gets --seconds of its own, counted once every endpoint is open.
+      const Clock::time_point answered_by =
+          Clock::now() +
+          std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+      for (auto& p : peers) SendMessage(*p, ConnectOf(*p, 1 << 20), answered_by);
       size_t accepted = 0, refused = 0;
       std::string refusal;
       for (auto& p : peers) {
-        AwaitAnswer(*p, ConnectOf(*p, 1 << 20), 0, deadline);
+        AwaitAnswer(*p, ConnectOf(*p, 1 << 20), 0, answered_by);
         if (p->last_text == "ACCEPT") {
           ++accepted;
         } else if (!p->last_text.empty()) {
