@@ -158,8 +158,9 @@ Summary RunSession(const Options& options, std::span<const uint8_t> peer, wire::
   control.memory =
       ChooseMemoryPath(control.domain.get(), *control.info, memory, options.gpu_path, no_hmem);
   std::vector<Network> lanes;
+  const size_t cq_entries = ReceiverCqEntries(options.window);
   for (const auto& nic : plan.lanes)
-    lanes.push_back(Network::Open(DataLane(*nic), wait, &control.memory));
+    lanes.push_back(Network::Open(DataLane(*nic), wait, &control.memory, cq_entries));
   const std::optional<bool> emulated_write = EmulatedWrite(lanes[0].ep.get());
   if (print) PrintHeader("client", plan, wait, control.memory, emulated_write);
   const size_t tx = lanes[0].info->tx_attr->size;
@@ -536,6 +537,7 @@ Summary RunSession(const Options& options, std::span<const uint8_t> peer, wire::
   for (const auto& r : receivers.threads) summary.receiver_cpu_seconds += r->cpu_seconds;
   summary.receiver_threads = static_cast<int>(receivers.threads.size());
   summary.emulated_write = emulated_write ? *emulated_write : -1;
+  summary.receiver_cq_entries = ReceiverCqEntries(options.window);
   watch_lanes();                               // each lane's WRITEs, as its receiver counted
   for (size_t l = 0; l < lanes.size(); ++l) {  // lanes that share a NIC add up
     const std::string name = domains[l];

@@ -10,6 +10,7 @@
 #include <rdma/fi_domain.h>
 #include <rdma/fi_endpoint.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -74,7 +75,8 @@ inline Op* OpOf(void* context) {
 class Network : public Endpoint {
  public:
   // A data lane gets `pages`, where its pages live: by GPUDirect RDMA it refuses the CUDA API.
-  static Network Open(FiInfoPtr nic, WaitMode wait, const MemoryPath* pages = nullptr);
+  static Network Open(FiInfoPtr nic, WaitMode wait, const MemoryPath* pages = nullptr,
+                      size_t cq_entries = 0);
   wire::RemoteRegion Advertise(fid_mr* mr, const void* data, size_t size) const;
   void PostRecv(Op& op);
   bool PostSend(Op& op, fi_addr_t dest);
@@ -106,6 +108,15 @@ MemoryKind MemoryFor(const Options& options);
 Plan FindNics(const Options& options, std::span<const uint8_t> peer, MemoryKind memory,
               std::string* no_hmem, bool print);
 FiInfoPtr DataLane(const fi_info& nic);
+// The entries of a receiving lane's CQ. Each WRITE carries immediate data, so it lands as one
+// completion there. Where the device receives such WRITEs unsolicited (efa-direct is offered
+// for RMA only then, since 07 asks no FI_RX_CQ_DATA: fi_efa(7), FI_OPT_EFA_USE_UNSOLICITED_
+// WRITE_RECV), no posted receive is spent on it and nothing at the target holds the writer
+// back: the CQ alone holds what lands while the receiver is away from it, and an efa CQ that
+// overflows fails its queue pair. The writer's window does not bound that (a WRITE completes
+// at the writer once delivered, not once read), so the CQ is sized far past it: 4 windows,
+// and at least 16384 entries (efa's own default is 12288), 5 ms of 4 KiB WRITEs at 100 Gbps.
+inline size_t ReceiverCqEntries(size_t window) { return std::max<size_t>(16384, 4 * window); }
 WaitMode ChooseWaitMode(WaitMode requested, const fi_info& nic);
 void WaitForCompletions(std::span<Network> lanes, int timeout_ms);
 void PrintHeader(const char* role, const Plan& plan, WaitMode wait, const MemoryPath& memory,

@@ -144,9 +144,9 @@ WaitMode ChooseWaitMode(WaitMode requested, const fi_info& nic) {
   const std::string provider = nic.fabric_attr->prov_name;
   return provider.rfind("tcp", 0) == 0 ? WaitMode::kBlock : WaitMode::kSpin;
 }
-Network Network::Open(FiInfoPtr nic, WaitMode wait, const MemoryPath* pages) {
+Network Network::Open(FiInfoPtr nic, WaitMode wait, const MemoryPath* pages, size_t cq_entries) {
   Network net;
-  static_cast<Endpoint&>(net) = Endpoint::Open(*nic, wait == WaitMode::kBlock, pages);
+  static_cast<Endpoint&>(net) = Endpoint::Open(*nic, wait == WaitMode::kBlock, pages, cq_entries);
   net.source = (net.info->caps & FI_SOURCE) != 0;
   return net;
 }

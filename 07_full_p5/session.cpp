@@ -246,8 +246,12 @@ std::unique_ptr<service::Session> Engine::Open(const wire::Connect& connect) {
     for (auto& op : s->shared.ops) s->shared.free_ops.push_back(&op);
   }
   for (auto& w : s->workers) w->thread = std::thread(RunWorker, std::ref(*w));
-  const auto deadline =
-      Clock::now() + std::chrono::duration<double>(std::max(options_.timeout_s, 1.0));
+  // Opening lanes is this host's own work, not a peer's answer, so --timeout does not bound
+  // it: libfabric 2.x's rxm zeroes its buffer pools in fi_endpoint (measured: 32 tcp lanes
+  // took 2.5-4.7 s on an idle 2-core host, over 10 s with its cores busy). A minute, for a
+  // provider stuck in an open call.
+  const double open_s = std::max(options_.timeout_s, 60.0);
+  const auto deadline = Clock::now() + std::chrono::duration<double>(open_s);
   while (s->ready < s->workers.size() && !s->stop && Clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   std::string why;
@@ -255,7 +259,8 @@ std::unique_ptr<service::Session> Engine::Open(const wire::Connect& connect) {
     std::lock_guard lock(s->mutex);
     why = s->failure;
   }
-  if (why.empty() && s->ready < s->workers.size()) why = "its lanes did not open in time";
+  if (why.empty() && s->ready < s->workers.size())
+    why = "its lanes did not open within " + std::to_string(static_cast<int>(open_s)) + " s";
   std::vector<std::string> domains;
   for (size_t l = 0; l < used; ++l) domains.push_back(plan_.lanes[l]->domain_attr->name);
   s->wire = std::make_unique<WireBytes>(domains, WireDirection::kSent);

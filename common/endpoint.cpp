@@ -12,7 +12,8 @@
 
 namespace common {
 
-Endpoint Endpoint::Open(const fi_info& info, bool wait_fd, const MemoryPath* pages) {
+Endpoint Endpoint::Open(const fi_info& info, bool wait_fd, const MemoryPath* pages,
+                        size_t cq_entries) {
   Endpoint e;
   e.info.reset(fi_dupinfo(&info));
   fid_fabric* fabric = nullptr;
@@ -23,6 +24,7 @@ Endpoint Endpoint::Open(const fi_info& info, bool wait_fd, const MemoryPath* pag
   e.domain.reset(domain);
   fi_cq_attr cq_attr{};
   cq_attr.format = FI_CQ_FORMAT_DATA;
+  cq_attr.size = cq_entries;
   cq_attr.wait_obj = wait_fd ? FI_WAIT_FD : FI_WAIT_NONE;
   fid_cq* cq = nullptr;
   const int rc = fi_cq_open(e.domain.get(), &cq_attr, &cq, nullptr);
@@ -30,6 +32,10 @@ Endpoint Endpoint::Open(const fi_info& info, bool wait_fd, const MemoryPath* pag
     throw UsageError(std::string("--wait block: provider ") + e.info->fabric_attr->prov_name +
                      " has no file-descriptor wait object (" + fi_strerror(-rc) +
                      "); use --wait spin");
+  if (rc != 0 && cq_entries != 0)
+    throw Error(std::string("fi_cq_open: provider ") + e.info->fabric_attr->prov_name +
+                " refused a CQ of " + std::to_string(cq_entries) + " entries (" + fi_strerror(-rc) +
+                ")");
   FI_CHECK(rc);
   e.cq.reset(cq);
   if (wait_fd) FI_CHECK(fi_control(&e.cq->fid, FI_GETWAIT, &e.wait_fd));

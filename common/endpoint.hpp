@@ -30,9 +30,10 @@ struct Endpoint {
   // Opens fabric, domain, CQ (FI_CQ_FORMAT_DATA; with a wait fd when `wait_fd`), AV (table)
   // and an enabled endpoint for `info`; an endpoint that moves pages by GPUDirect RDMA
   // (`pages->nic_only`) refuses the CUDA API first (RefuseCudaApi). Throws Error (UsageError
-  // when the provider has no wait fd: the user asked for --wait block).
+  // when the provider has no wait fd: the user asked for --wait block). `cq_entries` sizes the
+  // CQ (0: the provider's default).
   static Endpoint Open(const fi_info& info, bool wait_fd = false,
-                       const MemoryPath* pages = nullptr);
+                       const MemoryPath* pages = nullptr, size_t cq_entries = 0);
   std::vector<uint8_t> Address() const;
   // Inserts a peer's address; throws Error when the provider does not accept it.
   fi_addr_t Insert(std::span<const uint8_t> address);

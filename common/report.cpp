@@ -34,12 +34,15 @@ static std::string MemoryWords(const std::string& memory) {
   return std::string(vmm ? "GPU VMM" : "GPU") + (direct ? " (direct)" : " (staged)");
 }
 
-// The fields only some runs have: "emulated_write" (efa), "nics" (07: per NIC, bytes and
+// The fields only some runs have: "emulated_write" (efa), "receiver_cq_entries" (07), "nics"
+// (07: per NIC, bytes and
 // wire_bytes), "main_cpu_seconds" and "receiver_cpu_seconds" (07), each where measured.
 static std::string OptionalJson(const Summary& s) {
   std::string json;
   if (s.emulated_write >= 0)
     json += std::string(",\"emulated_write\":") + (s.emulated_write ? "true" : "false");
+  if (s.receiver_cq_entries > 0)
+    json += ",\"receiver_cq_entries\":" + std::to_string(s.receiver_cq_entries);
   if (!s.nics.empty()) {
     json += ",\"nics\":[";
     for (size_t i = 0; i < s.nics.size(); ++i)

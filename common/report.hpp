@@ -40,6 +40,8 @@ struct Summary {
   // efa: whether its RDMA WRITE was emulated with messages (1) or the device's own (0); -1
   // where the provider does not say (FI_OPT_EFA_EMULATED_WRITE, common/registration.hpp).
   int emulated_write = -1;
+  // 07: the entries of each receiving lane's CQ (0: the provider's default, not asked).
+  size_t receiver_cq_entries = 0;
   // 07: per NIC, the bytes of the pages its lanes received and what the NIC itself counted on
   // the wire meanwhile (-1: no counter, e.g. shm), in the order of the lanes.
   struct Nic {

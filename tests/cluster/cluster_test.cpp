@@ -62,7 +62,7 @@ class MiniCluster {
 // Serves one client in host A and runs it in host B; returns the client's result.
 Result Transfer(const MiniCluster& mc, const std::string& stage,
                 std::vector<std::string> server_args, std::vector<std::string> client_args,
-                Result* server_result) {
+                Result* server_result, std::chrono::seconds limit = 120s) {
   TempDir dir;
   const std::string address_file = dir.path() + "/addr";
   std::vector<std::string> server = {StageBinary(stage), "-p",        "tcp", "--memory", "host",
@@ -78,7 +78,7 @@ Result Transfer(const MiniCluster& mc, const std::string& stage,
   }
   std::vector<std::string> client = {StageBinary(stage), "-p", "tcp", address, "--memory", "host"};
   client.insert(client.end(), client_args.begin(), client_args.end());
-  Result r = RunToEnd(mc.On("B", client), 120s);
+  Result r = RunToEnd(mc.On("B", client), limit);
   *server_result = p.Wait(30s);
   return r;
 }
@@ -268,7 +268,7 @@ TEST(Cluster, P5DressRehearsal) {
   Result client = Transfer(mc, "07_full_p5", {"--topology", fixture, "--exit-after", "9"},
                            {"--topology", fixture, "-S", "16k", "--pages", "256", "--requests", "2",
                             "--ladder", "--json", "--timeout", "60"},
-                           &server);
+                           &server, 480s);  // 9 sessions of 64 lanes: 15-20 s each, cores busy
   ASSERT_EQ(client.exit_code, 0) << client.out << client.err << server.out << server.err;
   EXPECT_EQ(server.exit_code, 0) << server.err;
   const std::string b = mc.name() + "b";
@@ -299,6 +299,12 @@ TEST(Cluster, P5DressRehearsal) {
   EXPECT_NE(server.out.find("planned: cpu 0, memory on node 0"), std::string::npos) << server.out;
   EXPECT_NE(server.out.find("planned: cpu 84, memory on node 1"), std::string::npos) << server.out;
   std::printf("%s", client.out.c_str());
+  // The server's set-up time per rung (32 lanes opened on 2 cores), for whoever reads the log.
+  for (size_t at = server.out.find(" connected: "); at != std::string::npos;
+       at = server.out.find(" connected: ", at + 1)) {
+    const size_t from = server.out.rfind('\n', at) + 1;
+    std::printf("server: %s\n", server.out.substr(from, server.out.find('\n', at) - from).c_str());
+  }
 }
 
 TEST(Cluster, NoNamespaceLeftBehind) {

@@ -63,6 +63,9 @@ TEST_P(Engine, OneTwoAndFourLanesWithOneAndTwoThreads) {
                                      << client.out << client.err;
       EXPECT_EQ(NumberAfter(client.out, "\"verified_bytes\":"), 61LL * 16384 * 2);
       EXPECT_EQ(NumberAfter(client.out, "\"lanes\":"), lanes);
+      // Each receiving lane's CQ has the entries the client asked (README: 4 windows of 64,
+      // and at least 16384), and the provider took that size.
+      EXPECT_EQ(NumberAfter(client.out, "\"receiver_cq_entries\":"), 16384) << client.out;
       // Each lane's writer (as ACCEPT names it) is in that lane's AV before the first WRITE,
       // as efa-direct requires of a target, on every provider.
       EXPECT_NE(client.out.find("the server's writers are in our lanes' AVs: " +
