@@ -683,6 +683,8 @@ int ClientMain(const Options& options) {
   while (arrived_total < expected) progress();
   const double seconds = std::chrono::duration<double>(last_arrival - start).count();
   while (done_count + refused_count < requests.size()) progress();  // the server's own clock
+  // Every DONE comes after the server's last completion: its span fits inside this one.
+  const double until_done = std::chrono::duration<double>(Clock::now() - start).count();
   send(wire::Bye{});
   while (!mail.Idle()) progress();  // every message of ours has left
   if (!refused.empty()) throw Error("the server refused " + refused);
@@ -703,6 +705,7 @@ int ClientMain(const Options& options) {
   summary.bytes = arrived_total * options.page_size;
   summary.writes = arrived_total;
   summary.seconds = seconds;
+  summary.answered_seconds = until_done;
   summary.server_seconds = static_cast<double>(server_last - server_first) / 1e9;
   summary.link_gbps = options.link_gbps > 0 ? options.link_gbps : LinkGbps(*net.info);
   summary.verified_bytes = verified;

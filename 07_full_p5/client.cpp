@@ -236,6 +236,7 @@ Summary RunSession(const Options& options, std::span<const uint8_t> peer, wire::
   Receivers receivers;
   const size_t threads = ThreadsFor(engine.threads, plan, lanes.size());
   std::map<const DeviceGroup*, size_t> per_group;
+  const std::vector<unsigned> given = GivenCpus();  // before any thread pins itself
   for (size_t t = 0; t < threads; ++t) {
     auto r = std::make_unique<Receiver>();
     r->first_lane = t * lanes.size() / threads;
@@ -246,9 +247,11 @@ Summary RunSession(const Options& options, std::span<const uint8_t> peer, wire::
       r->owed += expected_per_lane[l];
     // Cores from the group's last one down: a client and a server on one host (shm, loopback)
     // then pin to different cores, as on two hosts they would not share one.
+    // Among the cores this client was given (taskset, Slurm, a cpuset).
     const DeviceGroup& group = plan.groups[plan.group_of[r->first_lane]];
-    if (!group.cpus.empty())
-      r->cpu = group.cpus[group.cpus.size() - 1 - per_group[&group]++ % group.cpus.size()];
+    const std::vector<unsigned> cpus =
+        IsThisSystem(topology) ? CpusWithin(group.cpus, given) : group.cpus;
+    if (!cpus.empty()) r->cpu = cpus[cpus.size() - 1 - per_group[&group]++ % cpus.size()];
     receivers.threads.push_back(std::move(r));
   }
   auto arrived_total = [&] {
@@ -457,6 +460,24 @@ Summary RunSession(const Options& options, std::span<const uint8_t> peer, wire::
         RunReceiver, std::ref(*r), std::span<Network>(lanes).subspan(r->first_lane, r->lane_count),
         requests.size(), wait, std::cref(receivers.stop),
         (engine.flags & wire::kEnginePin) && IsThisSystem(topology) ? &topology : nullptr);
+  // This thread only watches: with the receivers pinned it keeps off their cores while another
+  // is given, and gets all of them back when the session ends (the ladder's next rung).
+  struct Unbind {
+    const std::vector<unsigned>& given;
+    bool bound = false;
+    ~Unbind() {
+      std::string why;
+      if (bound) BindThreadTo(given, why);
+    }
+  } unbind{given};
+  if ((engine.flags & wire::kEnginePin) && IsThisSystem(topology)) {
+    std::vector<unsigned> pinned;
+    for (const auto& r : receivers.threads)
+      if (r->cpu) pinned.push_back(*r->cpu);
+    std::string why;
+    unbind.bound = BindThreadTo(ControlCpus(given, pinned), why);
+    if (!unbind.bound && print) std::printf("warning: the main thread stays where it was: %s\n", why.c_str());
+  }
   if (warm) {
     send(warmup);
     auto warmed = [&] {
@@ -489,6 +510,8 @@ Summary RunSession(const Options& options, std::span<const uint8_t> peer, wire::
   const double main_cpu = ThreadCpuSeconds() - cpu_start;
   progress_line.End();
   while (done_count + refused_count < requests.size()) progress();  // the server's own clock
+  // Every DONE comes after the server's last completion: its span fits inside this one.
+  const double until_done = std::chrono::duration<double>(Clock::now() - start).count();
   send(wire::Bye{});
   while (!mail.Idle()) progress();  // every message of ours has left
   receivers.stop = true;
@@ -520,6 +543,7 @@ Summary RunSession(const Options& options, std::span<const uint8_t> peer, wire::
   summary.bytes = arrived_total() * options.page_size;
   summary.writes = arrived_total();
   summary.seconds = seconds;
+  summary.answered_seconds = until_done;
   summary.server_seconds =
       static_cast<double>(served.last_completion_ns - served.first_post_ns) / 1e9;
   summary.link_gbps = link_gbps;

@@ -18,6 +18,7 @@
 #include <list>
 #include <map>
 #include <memory>
+#include <set>
 #include <mutex>
 #include <optional>
 #include <span>
@@ -238,9 +239,19 @@ struct SharedState {
   uint64_t locks = 0;  // how often a thread took the lock
 };
 // Everything the server holds for one client, freed when the client goes.
+// The cores this server was given (GivenCpus at its start) and those its sessions' pinned data
+// threads hold. Only the service thread touches it: it opens and ends sessions, and each time
+// moves itself off the held cores while another is given (ControlCpus, common/topology.hpp).
+struct Cores {
+  std::vector<unsigned> given;
+  std::multiset<unsigned> held;
+  void Hold(const std::vector<unsigned>& cpus);
+  void Release(const std::vector<unsigned>& cpus);
+};
 struct Session : service::Session {
   ~Session() override {
     if (reserved != nullptr) *reserved -= reservation;
+    if (cores != nullptr) cores->Release(pinned);
   }
   bool On(uint32_t flag) const { return engine.flags & flag; }
   std::vector<std::vector<uint8_t>> Writers() const override;
@@ -271,6 +282,8 @@ struct Session : service::Session {
   std::unique_ptr<WireBytes> wire;
   std::atomic<uint64_t>* reserved = nullptr;  // the engine's count of all sessions' memory
   uint64_t reservation = 0;                   // this session's part of it
+  Cores* cores = nullptr;           // the engine's, where its data threads are pinned here
+  std::vector<unsigned> pinned;     // the cores they hold
 };
 // The data thread (engine.cpp).
 void RunWorker(Worker& w);
@@ -281,7 +294,9 @@ class Engine : public service::Engine {
  public:
   Engine(const Options& options, const Plan& plan, const Topology& topology, WaitMode wait,
          MemoryPath memory)
-      : options_(options), plan_(plan), topology_(topology), wait_(wait), memory_(memory) {}
+      : options_(options), plan_(plan), topology_(topology), wait_(wait), memory_(memory) {
+    cores_.given = GivenCpus();  // constructed before any thread pins itself
+  }
   std::unique_ptr<service::Session> Open(const wire::Connect& connect) override;
 
  private:
@@ -291,6 +306,7 @@ class Engine : public service::Engine {
   WaitMode wait_;
   MemoryPath memory_;
   std::atomic<uint64_t> reserved_{0};  // source memory of all open sessions (--server-memory)
+  Cores cores_;
 };
 
 // --check: the preflight of this host (check.cpp); 0 ready, 1 not.

@@ -114,6 +114,19 @@ service::Session::Report Session::Poll() {
 // Stops the threads and waits for them; destroying the session then frees the rest. False
 // when a thread is stuck in the provider and cannot be stopped: it is left running at idle
 // priority (it only gets a CPU nobody else wants), and its session is never freed.
+void Cores::Hold(const std::vector<unsigned>& cpus) {
+  held.insert(cpus.begin(), cpus.end());
+  std::string why;
+  if (!cpus.empty() && !BindThreadTo(ControlCpus(given, {held.begin(), held.end()}), why))
+    std::printf("warning: the control thread stays where it was: %s\n", why.c_str());
+}
+void Cores::Release(const std::vector<unsigned>& cpus) {
+  for (unsigned c : cpus)
+    if (auto it = held.find(c); it != held.end()) held.erase(it);
+  std::string why;
+  if (!cpus.empty() && !BindThreadTo(ControlCpus(given, {held.begin(), held.end()}), why))
+    std::printf("warning: the control thread stays where it was: %s\n", why.c_str());
+}
 bool Session::Stop(const std::function<void()>& meanwhile) {
   stop = true;
   for (auto& w : workers) {
@@ -229,14 +242,18 @@ std::unique_ptr<service::Session> Engine::Open(const wire::Connect& connect) {
   // <rung threads>
   const size_t threads = ThreadsFor(s->engine.threads, plan_, used);
   std::map<const DeviceGroup*, size_t> per_group;  // threads placed in each group so far
+  const bool here = IsThisSystem(topology_);       // not a rehearsal (--topology)
   for (size_t t = 0; t < threads; ++t) {
     auto w = std::make_unique<Worker>();
     w->session = s.get();
     w->first_lane = t * used / threads;
     w->lane_count = (t + 1) * used / threads - w->first_lane;
     w->group = &plan_.groups[plan_.group_of[w->first_lane]];
-    if (!w->group->cpus.empty())
-      w->cpu = w->group->cpus[per_group[w->group]++ % w->group->cpus.size()];
+    // The group's cores among those this server was given (taskset, Slurm, a cpuset).
+    const std::vector<unsigned> cpus =
+        here ? CpusWithin(w->group->cpus, cores_.given) : w->group->cpus;
+    if (!cpus.empty()) w->cpu = cpus[per_group[w->group]++ % cpus.size()];
+    if (here && s->On(wire::kEnginePin) && w->cpu) s->pinned.push_back(*w->cpu);
     for (size_t l = 0; l < w->lane_count; ++l) s->owner.push_back(t);
     s->workers.push_back(std::move(w));
   }
@@ -261,6 +278,8 @@ std::unique_ptr<service::Session> Engine::Open(const wire::Connect& connect) {
   }
   if (why.empty() && s->ready < s->workers.size())
     why = "its lanes did not open within " + std::to_string(static_cast<int>(open_s)) + " s";
+  s->cores = &cores_;  // this (service) thread moves off the cores they now hold
+  cores_.Hold(s->pinned);
   std::vector<std::string> domains;
   for (size_t l = 0; l < used; ++l) domains.push_back(plan_.lanes[l]->domain_attr->name);
   s->wire = std::make_unique<WireBytes>(domains, WireDirection::kSent);

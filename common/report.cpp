@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 
 namespace common {
@@ -134,16 +135,17 @@ std::string FormatSummary(const Summary& s, bool json) {
 std::string ClockProblem(const Summary& s, double wall_seconds) {
   char why[256] = "";
   const double gbps = Gbps(s.bytes, s.seconds);
+  const double waited = std::max(s.seconds, s.answered_seconds);  // until its DONEs came
   if (s.bytes > 0 && !(s.seconds > 0))
     std::snprintf(why, sizeof(why), "%llu bytes in no measurable time",
                   static_cast<unsigned long long>(s.bytes));
   else if (s.seconds > wall_seconds + 1e-3)
     std::snprintf(why, sizeof(why), "a span of %.6f s measured inside a run of %.6f s", s.seconds,
                   wall_seconds);
-  else if (s.server_seconds > s.seconds * 1.05 + 0.02)
+  else if (s.server_seconds > waited * 1.05 + 0.02)
     std::snprintf(why, sizeof(why),
-                  "the server wrote for %.6f s, longer than the client waited (%.6f s)",
-                  s.server_seconds, s.seconds);
+                  "the server wrote for %.6f s, longer than the client waited for it (%.6f s)",
+                  s.server_seconds, waited);
   else if (s.link_gbps > 0 && gbps > 1.05 * s.link_gbps)
     std::snprintf(why, sizeof(why),
                   "%.3f Gbps is above the link's %.3f Gbps (is --link-gbps right?)", gbps,

@@ -18,6 +18,10 @@ struct Summary {
   double seconds = 0;
   // The server's clock: from its first WRITE posted to its last completed (DONE messages).
   double server_seconds = 0;
+  // The client's clock from its first TRANSFER sent to its last DONE received (0: not taken).
+  // The server's clock must fit inside it; it may exceed `seconds`, since the server reads its
+  // last completion after that WRITE landed, later still when its thread waits for a core.
+  double answered_seconds = 0;
   // 07: what opening the session cost the server (once), and filling pages (per request).
   double server_setup_seconds = 0;
   double server_fill_seconds = 0;

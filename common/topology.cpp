@@ -1,6 +1,7 @@
 #include "topology.hpp"
 
 #include <hwloc/helper.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -253,6 +254,46 @@ std::vector<DeviceGroup> GroupDevices(const Topology& topology, const std::vecto
     }
   }
   return groups;
+}
+
+std::vector<unsigned> GivenCpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  std::vector<unsigned> cpus;
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return cpus;
+  for (unsigned c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &set)) cpus.push_back(c);
+  return cpus;
+}
+
+std::vector<unsigned> CpusWithin(const std::vector<unsigned>& group,
+                                 const std::vector<unsigned>& given) {
+  std::vector<unsigned> within;
+  for (unsigned c : group)
+    if (std::find(given.begin(), given.end(), c) != given.end()) within.push_back(c);
+  return within.empty() ? given : within;
+}
+
+std::vector<unsigned> ControlCpus(const std::vector<unsigned>& given,
+                                  const std::vector<unsigned>& pinned) {
+  std::vector<unsigned> free;
+  for (unsigned c : given)
+    if (std::find(pinned.begin(), pinned.end(), c) == pinned.end()) free.push_back(c);
+  return free.empty() ? given : free;
+}
+
+bool BindThreadTo(const std::vector<unsigned>& cpus, std::string& why) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (unsigned c : cpus)
+    if (c < CPU_SETSIZE) CPU_SET(c, &set);
+  if (CPU_COUNT(&set) == 0) {
+    why = "no CPU to bind to";
+    return false;
+  }
+  if (sched_setaffinity(0, sizeof(set), &set) == 0) return true;
+  why = "sched_setaffinity(CPU " + FormatCpuList(cpus) + "): " + std::strerror(errno);
+  return false;
 }
 
 std::string FormatCpuList(const std::vector<unsigned>& cpus) {

@@ -80,6 +80,24 @@ bool BindThreadMemory(const Topology& topology, int numa, std::string& why);
 // shows here, not in their names.
 std::string DescribePlacement(const Topology& topology);
 
+// The cores a program is given, and which threads run where (docs/architecture.md, "Cores"):
+// data threads pin to their group's cores among those given; threads that only wait (a
+// control loop, a watcher) keep off the pinned ones while another is given.
+//
+// The CPUs this process may run on, as the calling thread's affinity says (taskset, Slurm's
+// --cpu-bind, a container's cpuset): call it before any thread pins itself.
+std::vector<unsigned> GivenCpus();
+// A group's cores among those given, in the group's order; all given ones when none of the
+// group's is (a taskset that left out the GPU's socket runs far from it, not nowhere).
+std::vector<unsigned> CpusWithin(const std::vector<unsigned>& group,
+                                 const std::vector<unsigned>& given);
+// Where a thread that only waits runs: the given CPUs that no pinned data thread holds; all
+// given ones when the data threads hold every one (then it shares, and naps).
+std::vector<unsigned> ControlCpus(const std::vector<unsigned>& given,
+                                  const std::vector<unsigned>& pinned);
+// Binds the calling thread to `cpus` (sched_setaffinity); false and why where refused.
+bool BindThreadTo(const std::vector<unsigned>& cpus, std::string& why);
+
 // "0-11", "0-3,8,10-11"
 std::string FormatCpuList(const std::vector<unsigned>& cpus);
 

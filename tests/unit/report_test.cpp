@@ -81,6 +81,20 @@ TEST(Report, ClockCheckRefusesImpossibleFigures) {
   s.seconds = 1;
   s.server_seconds = 2;
   EXPECT_NE(ClockProblem(s, 3).find("the server wrote for 2.000000 s"), std::string::npos);
+  // Unless its DONEs came later: the server reads its last completion after that WRITE
+  // landed (on a busy host 22 ms after a 12 ms transfer, measured), and only then answers.
+  s.seconds = 0.012;
+  s.server_seconds = 0.035;
+  s.answered_seconds = 0.040;
+  EXPECT_EQ(ClockProblem(s, 3), "");
+  s.answered_seconds = 0.013;  // a DONE that claims more than the client waited for it
+  EXPECT_NE(ClockProblem(s, 3).find("the server wrote for 0.035000 s, longer than the client "
+                                    "waited for it (0.013000 s)"),
+            std::string::npos)
+      << ClockProblem(s, 3);
+  s.seconds = 1;
+  s.server_seconds = 2;
+  s.answered_seconds = 0;
   // Nor faster than the link.
   s.server_seconds = 1;
   s.link_gbps = 4;

@@ -135,3 +135,44 @@ TEST(Topology, DevicesOfAnotherMachine) {
   EXPECT_EQ(nics[4].Short(), "60:00.0");  // cuda:1's first
   EXPECT_EQ(nics.back().Short(), "c9:00.0");
 }
+
+// The cores rule (docs/architecture.md, "Cores"): data threads on their group's cores among
+// those given, threads that only wait off the pinned ones while another core is given.
+TEST(Cores, TwoCoresOneLane) {
+  const std::vector<unsigned> given = {0, 1}, group = {0, 1};
+  // The server's data thread takes the group's first core, its control loop the other; the
+  // client's receiver takes the last, its watching thread the other.
+  EXPECT_EQ(CpusWithin(group, given), group);
+  EXPECT_EQ(ControlCpus(given, {0}), (std::vector<unsigned>{1}));
+  EXPECT_EQ(ControlCpus(given, {1}), (std::vector<unsigned>{0}));
+  // Both cores held by data threads: the waiting thread shares them (and naps).
+  EXPECT_EQ(ControlCpus(given, {0, 1}), given);
+  // Given one core (taskset -c 0): everything there.
+  EXPECT_EQ(CpusWithin(group, {0}), (std::vector<unsigned>{0}));
+  EXPECT_EQ(ControlCpus({0}, {0}), (std::vector<unsigned>{0}));
+}
+
+TEST(Cores, SixteenCoresEightThreads) {
+  std::vector<unsigned> all(16);
+  for (unsigned c = 0; c < 16; ++c) all[c] = c;
+  const std::vector<unsigned> node1 = {8, 9, 10, 11, 12, 13, 14, 15};
+  // Eight data threads on cores 0-7: the control thread gets 8-15.
+  EXPECT_EQ(ControlCpus(all, {0, 1, 2, 3, 4, 5, 6, 7}), node1);
+  // A group on node 1 given only cores 2-3 (taskset -c 2,3): far from its GPU, not nowhere.
+  EXPECT_EQ(CpusWithin(node1, {2, 3}), (std::vector<unsigned>{2, 3}));
+  // Given 8-11 of its group: those, in the group's order.
+  EXPECT_EQ(CpusWithin(node1, {11, 10, 9, 8}), (std::vector<unsigned>{8, 9, 10, 11}));
+  EXPECT_EQ(ControlCpus({8, 9, 10, 11}, {8, 9}), (std::vector<unsigned>{10, 11}));
+}
+
+TEST(Cores, ThisProcessIsGivenTheCoresItRunsOn) {
+  const std::vector<unsigned> given = GivenCpus();
+  ASSERT_FALSE(given.empty());
+  std::string why;
+  ASSERT_TRUE(BindThreadTo({given.back()}, why)) << why;
+  EXPECT_EQ(GivenCpus(), (std::vector<unsigned>{given.back()}));
+  ASSERT_TRUE(BindThreadTo(given, why)) << why;  // back where it was
+  EXPECT_EQ(GivenCpus(), given);
+  EXPECT_FALSE(BindThreadTo({}, why));
+  EXPECT_EQ(why, "no CPU to bind to");
+}
