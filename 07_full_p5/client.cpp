@@ -476,7 +476,8 @@ Summary RunSession(const Options& options, std::span<const uint8_t> peer, wire::
       if (r->cpu) pinned.push_back(*r->cpu);
     std::string why;
     unbind.bound = BindThreadTo(ControlCpus(given, pinned), why);
-    if (!unbind.bound && print) std::printf("warning: the main thread stays where it was: %s\n", why.c_str());
+    if (!unbind.bound && print)
+      std::printf("warning: the main thread stays where it was: %s\n", why.c_str());
   }
   if (warm) {
     send(warmup);
@@ -561,7 +562,7 @@ Summary RunSession(const Options& options, std::span<const uint8_t> peer, wire::
   for (const auto& r : receivers.threads) summary.receiver_cpu_seconds += r->cpu_seconds;
   summary.receiver_threads = static_cast<int>(receivers.threads.size());
   summary.emulated_write = emulated_write ? *emulated_write : -1;
-  summary.receiver_cq_entries = ReceiverCqEntries(options.window);
+  summary.receiver_cq_entries = cq_entries;
   watch_lanes();                               // each lane's WRITEs, as its receiver counted
   for (size_t l = 0; l < lanes.size(); ++l) {  // lanes that share a NIC add up
     const std::string name = domains[l];

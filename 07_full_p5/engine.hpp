@@ -18,9 +18,9 @@
 #include <list>
 #include <map>
 #include <memory>
-#include <set>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <span>
 #include <string>
 #include <thread>
@@ -117,7 +117,9 @@ FiInfoPtr DataLane(const fi_info& nic);
 // overflows fails its queue pair. The writer's window does not bound that (a WRITE completes
 // at the writer once delivered, not once read), so the CQ is sized far past it: 4 windows,
 // and at least 16384 entries (efa's own default is 12288), 5 ms of 4 KiB WRITEs at 100 Gbps.
-inline size_t ReceiverCqEntries(size_t window) { return std::max<size_t>(16384, 4 * window); }
+inline size_t ReceiverCqEntries(size_t window) {
+  return std::max<size_t>(16384, 4 * window);
+}
 WaitMode ChooseWaitMode(WaitMode requested, const fi_info& nic);
 void WaitForCompletions(std::span<Network> lanes, int timeout_ms);
 void PrintHeader(const char* role, const Plan& plan, WaitMode wait, const MemoryPath& memory,
@@ -238,7 +240,6 @@ struct SharedState {
   uint64_t writes = 0, bytes = 0;
   uint64_t locks = 0;  // how often a thread took the lock
 };
-// Everything the server holds for one client, freed when the client goes.
 // The cores this server was given (GivenCpus at its start) and those its sessions' pinned data
 // threads hold. Only the service thread touches it: it opens and ends sessions, and each time
 // moves itself off the held cores while another is given (ControlCpus, common/topology.hpp).
@@ -247,7 +248,11 @@ struct Cores {
   std::multiset<unsigned> held;
   void Hold(const std::vector<unsigned>& cpus);
   void Release(const std::vector<unsigned>& cpus);
+
+ private:
+  void PlaceCaller() const;  // binds the calling thread to ControlCpus(given, held)
 };
+// Everything the server holds for one client, freed when the client goes.
 struct Session : service::Session {
   ~Session() override {
     if (reserved != nullptr) *reserved -= reservation;
@@ -282,8 +287,8 @@ struct Session : service::Session {
   std::unique_ptr<WireBytes> wire;
   std::atomic<uint64_t>* reserved = nullptr;  // the engine's count of all sessions' memory
   uint64_t reservation = 0;                   // this session's part of it
-  Cores* cores = nullptr;           // the engine's, where its data threads are pinned here
-  std::vector<unsigned> pinned;     // the cores they hold
+  Cores* cores = nullptr;        // the engine's, where its data threads are pinned here
+  std::vector<unsigned> pinned;  // the cores they hold
 };
 // The data thread (engine.cpp).
 void RunWorker(Worker& w);

@@ -111,22 +111,23 @@ service::Session::Report Session::Poll() {
   }
   return report;
 }
-// Stops the threads and waits for them; destroying the session then frees the rest. False
-// when a thread is stuck in the provider and cannot be stopped: it is left running at idle
-// priority (it only gets a CPU nobody else wants), and its session is never freed.
 void Cores::Hold(const std::vector<unsigned>& cpus) {
   held.insert(cpus.begin(), cpus.end());
-  std::string why;
-  if (!cpus.empty() && !BindThreadTo(ControlCpus(given, {held.begin(), held.end()}), why))
-    std::printf("warning: the control thread stays where it was: %s\n", why.c_str());
+  if (!cpus.empty()) PlaceCaller();
 }
 void Cores::Release(const std::vector<unsigned>& cpus) {
   for (unsigned c : cpus)
     if (auto it = held.find(c); it != held.end()) held.erase(it);
+  if (!cpus.empty()) PlaceCaller();
+}
+void Cores::PlaceCaller() const {
   std::string why;
-  if (!cpus.empty() && !BindThreadTo(ControlCpus(given, {held.begin(), held.end()}), why))
+  if (!BindThreadTo(ControlCpus(given, {held.begin(), held.end()}), why))
     std::printf("warning: the control thread stays where it was: %s\n", why.c_str());
 }
+// Stops the threads and waits for them; destroying the session then frees the rest. False
+// when a thread is stuck in the provider and cannot be stopped: it is left running at idle
+// priority (it only gets a CPU nobody else wants), and its session is never freed.
 bool Session::Stop(const std::function<void()>& meanwhile) {
   stop = true;
   for (auto& w : workers) {

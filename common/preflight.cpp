@@ -242,7 +242,8 @@ std::vector<CheckLine> CheckHost(const HostFacts& host, const ProcessFacts& proc
   else
     lines.push_back({Verdict::kWarn, "FI_* variables", "set: " + Join(set, set.size()),
                      "unset what you did not mean: each changes what libfabric does "
-                     "(FI_EFA_USE_DEVICE_RDMA=0 turns the device's RDMA off; FI_EFA_USE_UNSOLICITED_WRITE_RECV=0 "
+                     "(FI_EFA_USE_DEVICE_RDMA=0 turns the device's RDMA off; "
+                     "FI_EFA_USE_UNSOLICITED_WRITE_RECV=0 "
                      "leaves efa-direct without RMA, as 07 asks no FI_RX_CQ_DATA)"});
   return lines;
 }

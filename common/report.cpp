@@ -36,8 +36,8 @@ static std::string MemoryWords(const std::string& memory) {
 }
 
 // The fields only some runs have: "emulated_write" (efa), "receiver_cq_entries" (07), "nics"
-// (07: per NIC, bytes and
-// wire_bytes), "main_cpu_seconds" and "receiver_cpu_seconds" (07), each where measured.
+// (07: per NIC, bytes and wire_bytes), "main_cpu_seconds" and "receiver_cpu_seconds" (07),
+// each where measured.
 static std::string OptionalJson(const Summary& s) {
   std::string json;
   if (s.emulated_write >= 0)

@@ -228,9 +228,8 @@ TEST_P(Engine, KilledClientIsCleanedUpWhileOthersFinish) {
   // Far more than it can move before it is killed; its progress line says it is moving.
   Process doomed = StartClient(server.address(), {"--memory", "host", "--nics", "2", "-S", "64k",
                                                   "--pages", "1024", "--repeat", "100000"});
-  ASSERT_TRUE(WaitForOutput(doomed, "progress:", 60s))
-      << doomed.Output() << "--- the server:\n"
-      << server.process().Output();
+  ASSERT_TRUE(WaitForOutput(doomed, "progress:", 60s)) << doomed.Output() << "--- the server:\n"
+                                                       << server.process().Output();
   Process other = StartClient(server.address(), Small(200, {"--nics", "2", "--seed", "7"}));
   ASSERT_TRUE(WaitForOutput(server.process(), "client 2 connected", 30s));
   doomed.Signal(SIGKILL);
