@@ -254,12 +254,12 @@ int ClientMain(const Options& options) {
 
 int main(int argc, char** argv) {
   Options options;
-  CLI::App app{
+  const char* about =
       "Lesson 01: one-way SEND over libfabric. Without an address: serve and print "
-      "every message. With the server's address: send TEXT to it.",
-      kProgram};
-  AddOptions(app, options, kServeOptions | kTextOptions);
-  if (int rc = ParseCommandLine(app, argc, argv); rc >= 0) return rc;
+      "every message. With the server's address: send TEXT to it.";
+  if (int rc = ParseCommandLine(argc, argv, about, kProgram, kServeOptions | kTextOptions, options);
+      rc >= 0)
+    return rc;
   return RunProgram(
       kProgram, [&] { return options.peer.empty() ? ServerMain(options) : ClientMain(options); });
 }

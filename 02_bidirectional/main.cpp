@@ -397,13 +397,13 @@ int ClientMain(const Options& options) {
 
 int main(int argc, char** argv) {
   Options options;
-  CLI::App app{
+  const char* about =
       "Lesson 02: request and response. Without an address: serve, answering every "
       "message with its text reversed. With the server's address: send TEXT, print "
-      "the answer.",
-      kProgram};
-  AddOptions(app, options, kServeOptions | kTextOptions);
-  if (int rc = ParseCommandLine(app, argc, argv); rc >= 0) return rc;
+      "the answer.";
+  if (int rc = ParseCommandLine(argc, argv, about, kProgram, kServeOptions | kTextOptions, options);
+      rc >= 0)
+    return rc;
   return RunProgram(
       kProgram, [&] { return options.peer.empty() ? ServerMain(options) : ClientMain(options); });
 }

@@ -626,14 +626,15 @@ int ClientMain(const Options& options) {
 
 int main(int argc, char** argv) {
   Options options;
-  CLI::App app{
+  const char* about =
       "Lesson 03: one-sided RDMA WRITE of scattered pages into remote (GPU) memory. "
       "Without an address: serve, writing the pages each client asks for (one request at a "
       "time). With the server's address: ask for --pages random pages of --page-size bytes, "
-      "verify them.",
-      kProgram};
-  AddOptions(app, options, kServeOptions | kTransferOptions);
-  if (int rc = ParseCommandLine(app, argc, argv); rc >= 0) return rc;
+      "verify them.";
+  if (int rc =
+          ParseCommandLine(argc, argv, about, kProgram, kServeOptions | kTransferOptions, options);
+      rc >= 0)
+    return rc;
   return RunProgram(
       kProgram, [&] { return options.peer.empty() ? ServerMain(options) : ClientMain(options); });
 }

@@ -724,13 +724,14 @@ int ClientMain(const Options& options) {
 
 int main(int argc, char** argv) {
   Options options;
-  CLI::App app{
+  const char* about =
       "Lesson 04: many WRITEs and many requests in flight, and a throughput summary. "
       "Without an address: serve, keeping up to --window WRITEs in flight. With the "
-      "server's address: send --requests requests of --pages random pages each, verify.",
-      kProgram};
-  AddOptions(app, options, kServeOptions | kTransferOptions | kWindowOptions);
-  if (int rc = ParseCommandLine(app, argc, argv); rc >= 0) return rc;
+      "server's address: send --requests requests of --pages random pages each, verify.";
+  if (int rc = ParseCommandLine(argc, argv, about, kProgram,
+                                kServeOptions | kTransferOptions | kWindowOptions, options);
+      rc >= 0)
+    return rc;
   return RunProgram(
       kProgram, [&] { return options.peer.empty() ? ServerMain(options) : ClientMain(options); });
 }

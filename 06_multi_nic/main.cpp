@@ -928,13 +928,15 @@ int ClientMain(const Options& options) {
 
 int main(int argc, char** argv) {
   Options options;
-  CLI::App app{
+  const char* about =
       "Lesson 06: several NICs from the topology, pages striped over them. Without an "
       "address: serve on --nics lanes. With the server's address: send --requests "
-      "requests of --pages random pages each over every lane, verify.",
-      kProgram};
-  AddOptions(app, options, kServeOptions | kTransferOptions | kWindowOptions | kLaneOptions);
-  if (int rc = ParseCommandLine(app, argc, argv); rc >= 0) return rc;
+      "requests of --pages random pages each over every lane, verify.";
+  if (int rc = ParseCommandLine(argc, argv, about, kProgram,
+                                kServeOptions | kTransferOptions | kWindowOptions | kLaneOptions,
+                                options);
+      rc >= 0)
+    return rc;
   return RunProgram(
       kProgram, [&] { return options.peer.empty() ? ServerMain(options) : ClientMain(options); });
 }

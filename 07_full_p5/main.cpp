@@ -252,38 +252,18 @@ int main(int argc, char** argv) {
   using namespace p5;
   Options options;
   options.warmup = 16;
-  CLI::App app{
+  const char* about =
       "Lesson 07: the full engine. Without an address: serve clients, several at once, on "
       "every NIC of every group. With the server's address: ask for the engine the switches "
       "describe (all optimizations on by default), send --requests requests of --pages random "
-      "pages each, verify; --ladder measures each optimization in turn.",
-      kProgram};
-  AddOptions(app, options,
-             kServeOptions | kTransferOptions | kWindowOptions | kWarmupOptions | kLaneOptions |
-                 kEngineOptions);
-  app.add_option("--topology", options.topology,
-                 "Rehearse the machine this hwloc XML describes (tests/data/p5.xml: a p5): its "
-                 "GPUs group this host's NICs, which take its NICs' places in order, so the plan "
-                 "(groups, threads, cores) is the one made there; host memory, nothing bound")
-      ->check(CLI::ExistingFile);
-  bool check = false;
-  app.add_flag("--check", check,
-               "Check this host instead (EFA devices, GPUs, peer memory, huge pages, memlock, "
-               "libfabric and its providers, GPU memory in it, the NICs of each GPU): one line "
-               "each, OK, WARN or FAIL with the fix; exit 0 when ready, 1 when not");
-  if (int rc = ParseCommandLine(app, argc, argv); rc >= 0) return rc;
-  if (check) return RunProgram(kProgram, [&] { return RunCheck(options); });
-  if (options.peer.empty()) {  // the engine is what each client asks for
-    for (const char* name : kEngineOptionNames) {
-      if (app.count(name) > 0) {
-        std::fprintf(stderr,
-                     "%s: %s is a client option: each client asks the server for its "
-                     "engine\n",
-                     kProgram, name);
-        return kExitUsage;
-      }
-    }
-  }
+      "pages each, verify; --ladder measures each optimization in turn.";
+  if (int rc = ParseCommandLine(argc, argv, about, kProgram,
+                                kServeOptions | kTransferOptions | kWindowOptions | kWarmupOptions |
+                                    kLaneOptions | kEngineOptions | kHostOptions,
+                                options);
+      rc >= 0)
+    return rc;
+  if (options.check) return RunProgram(kProgram, [&] { return RunCheck(options); });
   return RunProgram(
       kProgram, [&] { return options.peer.empty() ? ServerMain(options) : ClientMain(options); });
 }

@@ -1,5 +1,7 @@
 #include "options.hpp"
 
+#include <CLI/CLI.hpp>
+
 #include "error.hpp"
 #include "protocol.hpp"
 
@@ -238,6 +240,18 @@ void AddOptions(CLI::App& app, Options& o, unsigned groups) {
                    "written by its --address-file); the server must refuse")
         ->group("");
   }
+  if (groups & kHostOptions) {
+    app.add_option("--topology", o.topology,
+                   "Rehearse the machine this hwloc XML describes (tests/data/p5.xml: a p5): its "
+                   "GPUs group this host's NICs, which take its NICs' places in order, so the "
+                   "plan (groups, threads, cores) is the one made there; host memory, nothing "
+                   "bound")
+        ->check(CLI::ExistingFile);
+    app.add_flag("--check", o.check,
+                 "Check this host instead (EFA devices, GPUs, peer memory, huge pages, memlock, "
+                 "libfabric and its providers, GPU memory in it, the NICs of each GPU): one line "
+                 "each, OK, WARN or FAIL with the fix; exit 0 when ready, 1 when not");
+  }
 }
 
 void CheckRequestSize(const Options& options) {
@@ -269,6 +283,24 @@ int ParseCommandLine(CLI::App& app, int argc, char** argv) {
     std::fprintf(stderr, "%s: %s\n", app.get_name().c_str(), e.what());
     return kExitUsage;
   }
+}
+
+int ParseCommandLine(int argc, char** argv, const char* about, const char* program, unsigned groups,
+                     Options& options) {
+  CLI::App app{about, program};
+  AddOptions(app, options, groups);
+  if (int rc = ParseCommandLine(app, argc, argv); rc >= 0) return rc;
+  if ((groups & kEngineOptions) && options.peer.empty() && !options.check) {
+    for (const char* name : kEngineOptionNames) {  // the engine is what each client asks for
+      if (app.count(name) > 0) {
+        std::fprintf(stderr,
+                     "%s: %s is a client option: each client asks the server for its engine\n",
+                     program, name);
+        return kExitUsage;
+      }
+    }
+  }
+  return -1;
 }
 
 }  // namespace common

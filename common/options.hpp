@@ -1,11 +1,16 @@
 // Command-line options shared by every stage (docs/architecture.md, "Programs"), parsed with
-// CLI11. A stage adds the groups it uses and its own switches.
+// CLI11. A stage names the groups it uses; a tool with switches of its own adds them to a
+// CLI::App of its own.
 #pragma once
-
-#include <CLI/CLI.hpp>
 
 #include <cstdint>
 #include <string>
+
+// CLI11 is included by options.cpp and by the few tools that add switches of their own, not
+// here: its header alone costs each file that includes it about 9 s of compiling (-O2 -g).
+namespace CLI {
+class App;
+}
 
 namespace common {
 
@@ -60,6 +65,7 @@ struct Options {
   bool numa = true;        // --no-numa
   bool ladder = false;
   double peer_timeout_s = 10;  // server: a connected client silent this long is dropped (03 on)
+  bool check = false;          // 07 --check: the preflight of this host instead of a run
   // Test-only switches, to prove that errors are caught.
   bool test_bad_page = false;
   bool test_corrupt = false;
@@ -77,10 +83,18 @@ enum OptionGroup : unsigned {
   kWindowOptions = 1u << 3,    // -W, --requests, --json, --link-gbps, --max-requests
   kWarmupOptions = 1u << 4,    // -w
   kLaneOptions = 1u << 5,      // --nics, --wait
-  kEngineOptions = 1u << 6,    // 07's switches, --ladder
+  kEngineOptions = 1u << 6,    // 07's switches, --ladder (client options: a server given one
+                               // is told so)
+  kHostOptions = 1u << 7,      // 07: --topology, --check
 };
 
-// Adds the groups' options to `app`, storing into `options`.
+// Parses a stage's command line into `options`: the groups' options, `about` for --help.
+// Returns -1 to go on, or the exit code to return now (0 after --help, 2 after bad usage,
+// with one line on stderr naming the bad value).
+int ParseCommandLine(int argc, char** argv, const char* about, const char* program, unsigned groups,
+                     Options& options);
+
+// The same in two steps, for a tool that adds switches of its own to `app` in between.
 void AddOptions(CLI::App& app, Options& options, unsigned groups);
 
 // The options a client sends the server in its CONNECT (07), named for error messages.
@@ -88,8 +102,6 @@ inline constexpr const char* kEngineOptionNames[] = {
     "--no-warmup", "-w",           "--threads", "--no-pin", "--no-shard", "--batch",
     "--doorbell",  "--eager-post", "--no-numa", "--ladder", "-W"};
 
-// Parses; returns -1 to go on, or the exit code to return now (0 after --help, 2 after
-// bad usage, with one line on stderr naming the bad value).
 int ParseCommandLine(CLI::App& app, int argc, char** argv);
 
 // "64k" -> 65536; suffixes k, m, g, t (powers of 1024). Throws UsageError naming `what`.

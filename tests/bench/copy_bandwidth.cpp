@@ -8,6 +8,8 @@
 //   gpu-h2d:  pinned host memory to the GPU, the staged path's copy (and its PCIe limit);
 //   gpu-d2h:  the GPU to pinned host memory.
 // Prints "<method>: <Gbps> Gbps (...)" lines, or JSON with --json.
+#include <CLI/CLI.hpp>
+
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/uio.h>

@@ -11,6 +11,8 @@
 // Each case runs --seconds per thread count; prints calls per second over all threads, and for
 // the copies Gbps, with every copy finished (the device synchronized) before the clock stops.
 //   gpu_calls [-S 64k] [--threads 1,2,4,8] [--seconds 0.5] [--json]   (exit 77 without a GPU)
+#include <CLI/CLI.hpp>
+
 #include <atomic>
 #include <chrono>
 #include <cstdio>

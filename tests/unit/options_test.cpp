@@ -1,4 +1,5 @@
 #include <gtest/gtest.h>
+#include <CLI/CLI.hpp>
 
 #include "error.hpp"
 #include "options.hpp"
