@@ -265,7 +265,11 @@ TEST(Cluster, P5DressRehearsal) {
   ASSERT_TRUE(mc.ok()) << mc.log();
   const std::string fixture = std::string(std::getenv("E2E_SOURCE_DIR")) + "/tests/data/p5.xml";
   Result server;
-  Result client = Transfer(mc, "07_full_p5", {"--topology", fixture, "--exit-after", "9"},
+  // The server's --peer-timeout as the client's --timeout: its one data thread of the first
+  // rungs opens 32 tcp connections on its first WRITEs, and with both cores busy (a loaded
+  // 2.6 run) it went 10 s without a WRITE completing, so that it took the client for silent.
+  Result client = Transfer(mc, "07_full_p5",
+                           {"--topology", fixture, "--exit-after", "9", "--peer-timeout", "60"},
                            {"--topology", fixture, "-S", "16k", "--pages", "256", "--requests", "2",
                             "--ladder", "--json", "--timeout", "60"},
                            &server, 480s);  // 9 sessions of 64 lanes: 15-20 s each, cores busy
