@@ -117,7 +117,9 @@ TEST_P(Transfer, ClientWithoutServerGivesUpInBoundedTime) {
       client.err.find("no answer from the server") != std::string::npos ||
       (provider() == "shm" && client.err.find("no shm endpoint is named") != std::string::npos))
       << client.err;
-  EXPECT_LT(took, 10.0);
+  // Its --timeout of 2 s, plus starting libfabric and closing endpoints whose peer is gone,
+  // with room for a loaded 2-core host (messages_test.cpp's twin once took 9.4 s of its 8).
+  EXPECT_LT(took, 20.0);
 }
 
 // The clock cannot lie: the client times a request from sending it to its last WRITE, so its
