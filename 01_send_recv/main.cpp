@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "address.hpp"
+#include "backoff.hpp"
 #include "error.hpp"
 #include "fabric_handles.hpp"
 #include "host_buffer.hpp"
@@ -73,6 +74,9 @@ class Network {
   CqPtr cq;
   AvPtr av;
   EpPtr ep;
+  // A loop that only waits (a server without clients) must not hold a core: each poll that
+  // finds nothing makes the next one a little later.
+  IdleBackoff idle;
 };
 
 Network Network::Open(const Options& options, std::span<const uint8_t> peer) {
@@ -165,7 +169,11 @@ size_t Network::PollCompletion(const std::function<void(Op&, const fi_cq_data_en
                                const std::function<void(Op*, const std::string&)>& on_error) {
   fi_cq_data_entry entries[kCqBatch];
   ssize_t n = fi_cq_read(cq.get(), entries, kCqBatch);
-  if (n == -FI_EAGAIN) return 0;
+  if (n == -FI_EAGAIN) {
+    idle.Idle();  // nothing yet: spin a little, then nap (common/backoff.hpp)
+    return 0;
+  }
+  idle.Busy();
   if (n == -FI_EAVAIL) {
     fi_cq_err_entry err{};
     FI_CHECK(fi_cq_readerr(cq.get(), &err, 0));

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "address.hpp"
+#include "backoff.hpp"
 #include "error.hpp"
 #include "fabric_handles.hpp"
 #include "host_buffer.hpp"
@@ -84,6 +85,9 @@ class Network {
   CqPtr cq;
   AvPtr av;
   EpPtr ep;
+  // A loop that only waits (a server without clients) must not hold a core: each poll that
+  // finds nothing makes the next one a little later.
+  IdleBackoff idle;
 };
 
 Network Network::Open(const Options& options, std::span<const uint8_t> peer) {
@@ -175,7 +179,11 @@ size_t Network::PollCompletion(
   fi_cq_data_entry entries[kCqBatch];
   fi_addr_t sources[kCqBatch];  // the sender's AV entry, or FI_ADDR_NOTAVAIL if not inserted
   ssize_t n = fi_cq_readfrom(cq.get(), entries, kCqBatch, sources);
-  if (n == -FI_EAGAIN) return 0;
+  if (n == -FI_EAGAIN) {
+    idle.Idle();  // nothing yet: spin a little, then nap (common/backoff.hpp)
+    return 0;
+  }
+  idle.Busy();
   if (n == -FI_EAVAIL) {
     fi_cq_err_entry err{};
     FI_CHECK(fi_cq_readerr(cq.get(), &err, 0));

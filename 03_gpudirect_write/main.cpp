@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "address.hpp"
+#include "backoff.hpp"
 #include "completion.hpp"
 #include "departures.hpp"
 #include "error.hpp"
@@ -86,12 +87,17 @@ class Network {
   // our memory (no operation of ours was posted for it); on_error(op, error) for a failure.
   template <typename OnDone, typename OnError>
   size_t PollCompletion(OnDone&& on_done, OnError&& on_error) {
-    return ReadCompletions(
+    const size_t n = ReadCompletions(
         cq.get(), true,
         [&](const fi_cq_data_entry& e, fi_addr_t source) {
           on_done(IsRemoteWrite(e) ? nullptr : OpOf(e.op_context), e, source);
         },
         [&](const CompletionError& e) { on_error(OpOf(e.op_context), e); });
+    if (n == 0)
+      idle.Idle();  // nothing yet: spin a little, then nap (common/backoff.hpp)
+    else
+      idle.Busy();
+    return n;
   }
 
   // Declared in creation order, so they are closed in reverse.
@@ -102,6 +108,9 @@ class Network {
   AvPtr av;
   EpPtr ep;
   MemoryPath memory;  // where our pages live and how they reach the NIC (common/registration)
+  // A loop that only waits (a server without clients) must not hold a core: each poll that
+  // finds nothing makes the next one a little later.
+  IdleBackoff idle;
 };
 
 Network Network::Open(const Options& options, std::span<const uint8_t> peer, MemoryKind memory) {

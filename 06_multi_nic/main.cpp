@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "address.hpp"
+#include "backoff.hpp"
 #include "completion.hpp"
 #include "departures.hpp"
 #include "error.hpp"
@@ -483,6 +484,7 @@ int ServerMain(const Options& options) {
     for (fi_addr_t peer : mail.Flush(limit)) lost.emplace(peer, "does not take our messages");
     return done;
   };
+  IdleBackoff backoff;  // --wait spin: an idle loop naps, so that it never takes a core
   // A client that leaves, or is dropped, stops being written to at once; it leaves our AVs
   // once nothing of ours is on its way to it (removing a peer with operations in flight
   // crashes some providers), or when `limit` has passed (rxm then closes the connection, and
@@ -613,9 +615,12 @@ int ServerMain(const Options& options) {
     for (size_t l = 0; l < lanes.size(); ++l) DrainPending(lanes[l], pending[l]);
     const size_t free_before = free_writes.size();
     PostWrites(lanes, active, free_writes, pending);
-    if (wait == WaitMode::kBlock && completions == 0 && inbox.empty() &&
-        free_writes.size() == free_before)
+    if (completions > 0 || !inbox.empty() || free_writes.size() != free_before)
+      backoff.Busy();
+    else if (wait == WaitMode::kBlock)
       WaitForCompletions(lanes, 100);  // nothing to do until the network answers
+    else
+      backoff.Idle();       // --wait spin: 05's naps, so that an idle server holds no core
     bool prepared = false;  // one request filled per round: its WRITEs start before the next's
     while (!inbox.empty() && !prepared) {
       Received m = std::move(inbox.front());
@@ -847,16 +852,21 @@ int ClientMain(const Options& options) {
   auto on_error = [&](Op*, const CompletionError& error) {
     Abandon(kProgram, "an operation failed: " + error.text);
   };
+  IdleBackoff backoff;
   auto progress = [&] {
     size_t done = 0;
     for (auto& lane : lanes) done += lane.PollCompletion(on_done, on_error);  // on every lane
     if (!mail.Flush(limit).empty())
       Abandon(kProgram, "no answer from the server within " + std::to_string(options.timeout_s) +
                             " s: it takes none of our messages (is it running at that address?)");
-    if (done > 0)
+    if (done > 0) {
       last_progress = Clock::now();
-    else if (wait == WaitMode::kBlock)
+      backoff.Busy();
+    } else if (wait == WaitMode::kBlock) {
       WaitForCompletions(lanes, 100);
+    } else {
+      backoff.Idle();
+    }
     if (Clock::now() - last_progress > limit)
       Abandon(kProgram, "no answer from the server within " + std::to_string(options.timeout_s) +
                             " s (is it running at that address?)");

@@ -1,9 +1,11 @@
-// An idle loop's manners: 05's lesson (06 and 07 wait on the CQ instead, --wait). A polling loop
-// that finds nothing to do spins a little, then sleeps, a little longer each idle round (1 us
-// doubling to 64 us), so that it never takes a whole core from whatever carries the data: the
-// kernel's TCP stack over tcp, the peer process over shm on a small machine. Any round with work
-// resets it. On a link of 1 Gbit/s a 64 KiB WRITE takes 500 us, so a 64 us nap costs nothing; on
-// shm, rounds are rarely idle long enough to nap at all.
+// An idle loop's manners, in every stage. A polling loop that finds nothing to do spins a
+// little, then sleeps, a little longer each idle round (1 us doubling to 64 us), so that it never
+// takes a whole core from whatever carries the data: the kernel's TCP stack over tcp, the peer
+// process over shm on a small machine. Any round with work resets it. 01-04 count a poll that
+// found no completion as idle; from 05 on, a round is idle only if it found nothing at all to do
+// (no completion, no message, nothing posted); 06 and 07 over tcp sleep in the CQ's wait fd
+// instead (--wait block). On a link of 1 Gbit/s a 64 KiB WRITE takes 500 us, so a 64 us nap costs
+// nothing; on shm, rounds are rarely idle long enough to nap at all.
 #pragma once
 
 #include <chrono>
