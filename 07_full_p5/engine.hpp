@@ -264,6 +264,7 @@ struct Session : service::Session {
   std::string Dispatch(wire::Transfer transfer) override;
   Report Poll() override;
   bool Stop(const std::function<void()>& meanwhile = {}) override;
+  void Abandon();  // a thread is stuck in the provider: give back what can be
   std::string Totals() const override;
 
   std::vector<std::vector<uint8_t>> addresses;  // per lane used

@@ -26,6 +26,9 @@ namespace {
 
 constexpr size_t kRecvDepth = 16;  // control messages the server keeps receives posted for
 constexpr size_t kSendDepth = 16;
+// Sessions left with a thread stuck in the provider (Session::Stop) are never freed; past this
+// many the server refuses new clients and says why, rather than pile up threads for good.
+constexpr size_t kMaxStuckSessions = 64;
 
 using Mail = Mailbox<Endpoint, ControlOp>;
 
@@ -278,6 +281,14 @@ int Serve(const Options& options, const fi_info& control, WaitMode wait, Engine&
         if (options.max_clients > 0 && clients.size() >= options.max_clients) {
           refuse(id, number, 0,
                  "server full: " + std::to_string(clients.size()) + " clients (--max-clients)");
+          departed[id] = Clock::now();
+          continue;
+        }
+        if (stuck.size() >= kMaxStuckSessions) {  // each keeps a thread and its endpoints
+          refuse(id, number, 0,
+                 std::to_string(stuck.size()) +
+                     " sessions have a thread stuck in the provider "
+                     "(libfabric 1.17's shm and killed clients): restart this server");
           departed[id] = Clock::now();
           continue;
         }

@@ -152,7 +152,23 @@ bool Session::Stop(const std::function<void()>& meanwhile) {
     w->thread.detach();
     all = false;
   }
+  if (!all) Abandon();
   return all;
+}
+// A session with a stuck thread is never freed: the thread would read it the moment the
+// provider let it go. But its host source memory goes back to the system (a late read gets
+// zeros, not freed memory, and its client is gone), and no longer counts against
+// --server-memory: otherwise each killed client that wedged a thread (1.17's shm) took its
+// share of the budget for good, and once they filled it every new client was refused.
+void Session::Abandon() {
+  if (ready < workers.size()) return;  // a thread stuck opening its lanes may still be making them
+  bool all_host = true;
+  for (auto& w : workers)
+    for (auto& pool : w->pools) all_host = pool.memory.DiscardHostPages() && all_host;
+  if (all_host && reserved != nullptr) {
+    *reserved -= reservation;
+    reservation = 0;
+  }
 }
 // The totals, and what each rung did, as the threads counted it.
 std::string Session::Totals() const {

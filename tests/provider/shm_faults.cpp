@@ -69,27 +69,12 @@
 #include <thread>
 #include <vector>
 
+#include "shared_memory.hpp"
+
 namespace {
 
 // Armed in the `lock` peer only: the next lock it takes in shared memory, it dies holding.
 std::atomic<bool> die_holding_a_shared_lock{false};
-
-// True when `p` lies in a mapping of a file in /dev/shm (a shm region, ours or a peer's).
-bool InSharedMemory(const volatile void* p) {
-  FILE* maps = std::fopen("/proc/self/maps", "r");
-  if (maps == nullptr) return false;
-  char line[512];
-  bool found = false;
-  const auto at = reinterpret_cast<uintptr_t>(const_cast<const void*>(p));
-  while (!found && std::fgets(line, sizeof(line), maps) != nullptr) {
-    unsigned long begin = 0, end = 0;
-    char path[256] = "";
-    if (std::sscanf(line, "%lx-%lx %*s %*s %*s %*s %255s", &begin, &end, path) >= 2)
-      found = at >= begin && at < end && std::strncmp(path, "/dev/shm/", 9) == 0;
-  }
-  std::fclose(maps);
-  return found;
-}
 
 }  // namespace
 
@@ -99,7 +84,7 @@ extern "C" int pthread_spin_lock(pthread_spinlock_t* lock) {
   using Lock = int (*)(pthread_spinlock_t*);
   static const Lock real = reinterpret_cast<Lock>(dlsym(RTLD_NEXT, "pthread_spin_lock"));
   const int rc = real(lock);
-  if (die_holding_a_shared_lock && InSharedMemory(lock)) {
+  if (die_holding_a_shared_lock && !SharedMemoryFileOf(lock).empty()) {
     static const char said[] = "peer: killed holding a lock in shared memory\n";
     (void)!write(STDOUT_FILENO, said, sizeof(said) - 1);
     raise(SIGKILL);
