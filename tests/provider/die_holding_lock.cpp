@@ -1,17 +1,18 @@
 // die_holding_lock.so: makes any program die as shm_faults' `lock` peer does, for tests of the
-// stages themselves (tests/e2e/engine_test.cpp). Preloaded (LD_PRELOAD) with
-// DIE_HOLDING_SHM_LOCK_AFTER=SECONDS, the process kills itself (SIGKILL) holding the first
-// lock of a shm region it takes once SECONDS have passed since it started; with
-// DIE_HOLDING_SHM_LOCK_IN=SUFFIX, only a lock in the region whose /dev/shm file name ends so
-// (":0:1", a 07 client's first lane; ":0:0" is its control endpoint). Over libfabric 1.17's
-// shm, every later send or WRITE to that region then spins inside the provider for good
-// (tests/provider/shm_faults.cpp, locked-peer). 2.x takes no such lock: the process lives.
+// stages themselves (tests/e2e/engine_test.cpp). Preloaded (LD_PRELOAD), it waits for SIGUSR1;
+// from then on, the process kills itself (SIGKILL) holding the first lock it takes in a shm
+// region whose /dev/shm file name ends with DIE_HOLDING_SHM_LOCK_IN (":0:1", a 07 client's
+// first lane; ":0:0" is its control endpoint; unset: any region). A signal, not a time, so that
+// the test chooses the moment (mid-transfer) however slowly a loaded host starts the program.
+// Over libfabric 1.17's shm, every later send or WRITE to that region then spins inside the
+// provider for good (tests/provider/shm_faults.cpp, locked-peer). 2.x takes no such lock: the
+// process lives.
 #include <dlfcn.h>
 #include <pthread.h>
 #include <signal.h>
 #include <unistd.h>
 
-#include <chrono>
+#include <atomic>
 #include <cstdlib>
 #include <string>
 
@@ -19,17 +20,19 @@
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
+std::atomic<bool> armed{false};
 
-const Clock::time_point started = Clock::now();
+void Arm(int) {
+  armed = true;
+}
 
-// The seconds from DIE_HOLDING_SHM_LOCK_AFTER, or a negative number: unset, never.
-double ArmedAfter() {
-  static const double after = [] {
-    const char* text = std::getenv("DIE_HOLDING_SHM_LOCK_AFTER");
-    return text != nullptr ? std::atof(text) : -1.0;
-  }();
-  return after;
+// SIGUSR1 arms it (the stages leave SIGUSR1 alone).
+__attribute__((constructor)) void InstallArm() {
+  struct sigaction action {};
+  action.sa_handler = Arm;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART;
+  sigaction(SIGUSR1, &action, nullptr);
 }
 
 // A lock in this /dev/shm file is one to die holding.
@@ -48,9 +51,7 @@ extern "C" int pthread_spin_lock(pthread_spinlock_t* lock) {
   using Lock = int (*)(pthread_spinlock_t*);
   static const Lock real = reinterpret_cast<Lock>(dlsym(RTLD_NEXT, "pthread_spin_lock"));
   const int rc = real(lock);
-  const double after = ArmedAfter();
-  if (after >= 0 && Clock::now() - started >= std::chrono::duration<double>(after) &&
-      Chosen(SharedMemoryFileOf(lock))) {
+  if (armed && Chosen(SharedMemoryFileOf(lock))) {
     static const char said[] = "die_holding_lock: killed holding a lock in shared memory\n";
     (void)!write(STDERR_FILENO, said, sizeof(said) - 1);
     raise(SIGKILL);
