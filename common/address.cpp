@@ -103,7 +103,7 @@ void CheckAddress(std::span<const uint8_t> address, const fi_info& info) {
                        " address (a NUL-terminated name such as fi_shm://1234)");
     // An shm name is a file of /dev/shm that its endpoint created. Over libfabric 1.17, 254
     // CONNECTs naming files nobody created filled a server's AV (shm's holds 256) although
-    // it removed all but 193 of them (Hostile.KilledClientThenManyNewAddresses): such a name
+    // it removed all but 193 of them (HostileOverShm.KilledClientThenManyNewAddresses): such a name
     // is refused here, before it reaches the AV.
     const std::string name(reinterpret_cast<const char*>(address.data()), address.size() - 1);
     constexpr std::string_view kPrefix = "fi_shm://";
