@@ -311,11 +311,16 @@ TEST_P(Hostile, ManyConnectsNamingNobody) {
   server.Stop();
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Stages, Hostile,
-    ::testing::Combine(::testing::Values("03_gpudirect_write", "05_queuing", "07_full_p5"),
-                       ::testing::Values("shm", "tcp")),
-    [](const auto& info) { return std::get<0>(info.param) + "_" + std::get<1>(info.param); });
+// The servers under attack: the stages that teach serving many clients, and the full engine.
+const auto kAttackedStages = ::testing::Values("03_gpudirect_write", "05_queuing", "07_full_p5");
+std::string StageAndProvider(
+    const ::testing::TestParamInfo<std::tuple<std::string, std::string>>& info) {
+  return std::get<0>(info.param) + "_" + std::get<1>(info.param);
+}
+
+INSTANTIATE_TEST_SUITE_P(Stages, Hostile,
+                         ::testing::Combine(kAttackedStages, ::testing::Values("shm", "tcp")),
+                         StageAndProvider);
 
 // The cases of one provider's own faults.
 class HostileOverShm : public Hostile {};
@@ -341,11 +346,9 @@ TEST_P(HostileOverShm, KilledClientThenManyNewAddresses) {
   server.Stop();
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Stages, HostileOverShm,
-    ::testing::Combine(::testing::Values("03_gpudirect_write", "05_queuing", "07_full_p5"),
-                       ::testing::Values("shm")),
-    [](const auto& info) { return std::get<0>(info.param) + "_" + std::get<1>(info.param); });
+INSTANTIATE_TEST_SUITE_P(Stages, HostileOverShm,
+                         ::testing::Combine(kAttackedStages, ::testing::Values("shm")),
+                         StageAndProvider);
 
 class HostileService : public ::testing::TestWithParam<std::string> {
  protected:
