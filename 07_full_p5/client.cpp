@@ -235,7 +235,10 @@ Summary RunSession(const Options& options, std::span<const uint8_t> peer, wire::
   // refused warmup) joins them in ~Receivers, and one may only be pinning itself then.
   const Topology topology = LoadTopology(options);
   Receivers receivers;
+  // <rung threads>
   const size_t threads = ThreadsFor(engine.threads, plan, lanes.size());
+  // </rung threads>
+  // <without threads> const size_t threads = 1;
   std::map<const DeviceGroup*, size_t> per_group;
   const std::vector<unsigned> given = GivenCpus();  // before any thread pins itself
   for (size_t t = 0; t < threads; ++t) {
@@ -456,11 +459,15 @@ Summary RunSession(const Options& options, std::span<const uint8_t> peer, wire::
   // lanes' AVs, and a lane is used by one thread at a time (FI_THREAD_DOMAIN: the provider
   // locks nothing for us). An insert beside a receiver polling the same lane was a data race
   // on shm's state, the likely cause of a 2.6 shm client that saw no WRITE after its warmup.
-  for (auto& r : receivers.threads)
-    r->thread = std::thread(
-        RunReceiver, std::ref(*r), std::span<Network>(lanes).subspan(r->first_lane, r->lane_count),
-        requests.size(), wait, std::cref(receivers.stop),
-        (engine.flags & wire::kEnginePin) && IsThisSystem(topology) ? &topology : nullptr);
+  for (auto& r : receivers.threads) {
+    const Topology* pin = nullptr;  // where a receiver pins itself: nowhere
+    // <rung pin>
+    if ((engine.flags & wire::kEnginePin) && IsThisSystem(topology)) pin = &topology;
+    // </rung pin>
+    r->thread = std::thread(RunReceiver, std::ref(*r),
+                            std::span<Network>(lanes).subspan(r->first_lane, r->lane_count),
+                            requests.size(), wait, std::cref(receivers.stop), pin);
+  }
   // This thread only watches: with the receivers pinned it keeps off their cores while another
   // is given, and gets all of them back when the session ends (the ladder's next rung).
   struct Unbind {
@@ -471,6 +478,7 @@ Summary RunSession(const Options& options, std::span<const uint8_t> peer, wire::
       if (bound) BindThreadTo(given, why);
     }
   } unbind{given};
+  // <rung pin>
   if ((engine.flags & wire::kEnginePin) && IsThisSystem(topology)) {
     std::vector<unsigned> pinned;
     for (const auto& r : receivers.threads)
@@ -480,6 +488,8 @@ Summary RunSession(const Options& options, std::span<const uint8_t> peer, wire::
     if (!unbind.bound && print)
       std::printf("warning: the main thread stays where it was: %s\n", why.c_str());
   }
+  // </rung pin>
+  // <rung warmup>
   if (warm) {
     send(warmup);
     auto warmed = [&] {
@@ -489,6 +499,7 @@ Summary RunSession(const Options& options, std::span<const uint8_t> peer, wire::
     };
     while (warmed() < warmup.pages.size() * warmup.repeat && refused.empty()) progress();
   }
+  // </rung warmup>
   // The clock runs from the first request sent to the last WRITE landed: the server's work
   // (filling its pages) counts, and nothing a provider does with completions can shrink it.
   // What the NICs themselves count on the wire (common/nic_counters), from here to the last

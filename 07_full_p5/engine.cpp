@@ -1,6 +1,8 @@
 // 07_full_p5: a data thread of the server, and the rungs of the ladder it climbs. Each rung
-// is a named function behind its own switch, marked <rung NAME> ... </rung NAME> so that
-// `scripts/rung-diff NAME` shows it as a diff against the rung below (README.md).
+// is code behind its own switch, marked <rung NAME> ... </rung NAME>; where the rung below
+// has a line of its own instead, it follows as "// <without NAME> CODE". `scripts/rung-diff
+// NAME` writes the rung below (these files without the rung) and shows the rung as a diff
+// against it (README.md).
 
 #include <rdma/fabric.h>
 #include <rdma/fi_errno.h>
@@ -85,10 +87,12 @@ void OpenLanes(Worker& w) {
   if (s.memory.path != PageBuffer::Path::kHost) w.staging = HostBuffer(largest);
   w.pending.resize(w.lane_count);
   w.held_back.assign(w.lane_count, 0);
-  if (s.On(wire::kEngineShard)) {
+  // <rung shard>
+  if (s.On(wire::kEngineShard)) {  // the thread's own window
     w.ops.resize(s.engine.window * w.lane_count);
     for (auto& op : w.ops) w.free_ops.push_back(&op);
   }
+  // </rung shard>
   if (IsThisSystem(*s.topology))
     w.placement = DescribePlacement(*s.topology);
   else  // a rehearsal (--topology): where it would run there
@@ -97,33 +101,41 @@ void OpenLanes(Worker& w) {
                   (s.On(wire::kEngineNuma) ? ", memory on node " + std::to_string(w.group->numa)
                                            : ", memory anywhere");
 }
-// <rung shard>
-// --shard: the thread's own window, no lock. --no-shard: the session's, behind its lock;
-// each thread still takes no more than its lanes' share, so none starves the others.
+// A WRITE's slot in the window, and its completion counted. Without sharding: the session's
+// window and counters, behind its lock; each thread still takes no more than its lanes'
+// share, so none starves the others.
 Op* TakeOp(Worker& w) {
-  std::vector<Op*>* free_ops = &w.free_ops;
-  std::unique_lock<std::mutex> lock;
-  if (!w.session->On(wire::kEngineShard)) {
-    lock = std::unique_lock(w.session->shared.mutex);
-    ++w.session->shared.locks;
-    free_ops = &w.session->shared.free_ops;
-    if (w.in_flight >= w.session->engine.window * w.lane_count) return nullptr;
+  // <rung shard>
+  // --shard: the thread's own window and counters, no lock.
+  if (w.session->On(wire::kEngineShard)) {
+    if (w.free_ops.empty()) return nullptr;
+    Op* op = w.free_ops.back();
+    w.free_ops.pop_back();
+    ++w.in_flight;
+    return op;
   }
-  if (free_ops->empty()) return nullptr;
-  Op* op = free_ops->back();
-  free_ops->pop_back();
+  // </rung shard>
+  SharedState& shared = w.session->shared;
+  std::lock_guard lock(shared.mutex);
+  ++shared.locks;
+  if (w.in_flight >= w.session->engine.window * w.lane_count) return nullptr;
+  if (shared.free_ops.empty()) return nullptr;
+  Op* op = shared.free_ops.back();
+  shared.free_ops.pop_back();
   ++w.in_flight;
   return op;
 }
 void CountCompletion(Worker& w, Op* op) {
   --w.in_flight;
   ++op->share->completed;
+  // <rung shard>
   if (w.session->On(wire::kEngineShard)) {
     ++w.writes;
     w.bytes += op->length;
     w.free_ops.push_back(op);
     return;
   }
+  // </rung shard>
   SharedState& shared = w.session->shared;
   std::lock_guard lock(shared.mutex);
   ++shared.locks;
@@ -131,7 +143,6 @@ void CountCompletion(Worker& w, Op* op) {
   shared.bytes += op->length;
   shared.free_ops.push_back(op);
 }
-// </rung shard>
 // New shares from the control thread: each takes room in the thread's source memory (it
 // waits for room if the memory is taken by earlier requests) and its pages are filled there.
 void PlaceShares(Worker& w) {
@@ -162,22 +173,27 @@ void PlaceShares(Worker& w) {
     share->placed = true;
   }
 }
-// <rung doorbell>
-// --doorbell: hands a lane's prepared WRITEs to the provider in groups, FI_MORE on all but
-// the last of each, so it can ring the NIC once per group. A group cut short by -FI_EAGAIN
-// leaves WRITEs held back behind FI_MORE: the next post then goes without it and rings.
+// Hands a lane's prepared WRITEs to the provider, each post ringing the NIC's doorbell.
 void Flush(Worker& w, size_t lane) {
   const Session& s = *w.session;
   std::deque<Op*>& queue = w.pending[lane];
   while (!queue.empty()) {
+    // <rung doorbell>
+    // --doorbell: in groups, FI_MORE on all but the last of each, so the provider can ring
+    // the NIC once per group. A group cut short by -FI_EAGAIN leaves WRITEs held back behind
+    // FI_MORE: the next post then goes without it and rings.
     const size_t group = w.held_back[lane] ? 1 : std::min<size_t>(s.engine.doorbell, queue.size());
+    // </rung doorbell>
+    // <without doorbell> const size_t group = 1;
     for (size_t i = 0; i < group; ++i) {
       Op* op = queue.front();
       const bool more = i + 1 < group;
       if (!w.lanes[lane].PostWrite(*op, w.dest[lane], s.regions[w.first_lane + lane],
                                    op->remote_offset, op->share->request->transfer.request_id,
                                    more ? FI_MORE : 0)) {
+        // <rung doorbell>
         if (i > 0) w.held_back[lane] = 1;
+        // </rung doorbell>
         return;
       }
       queue.pop_front();
@@ -188,36 +204,44 @@ void Flush(Worker& w, size_t lane) {
     w.held_back[lane] = 0;
   }
 }
-// </rung doorbell>
-// <rung lazy>
-// --lazy: reads every lane's completions, and posts a lane's prepared WRITEs right after its
-// completions made room in its queue (progress in the CQ poll).
+// Reads every lane's completions.
 size_t PollLanes(Worker& w) {
+  // <rung lazy>
   const bool lazy = w.session->On(wire::kEngineLazy);
+  // </rung lazy>
   size_t done = 0;
   for (size_t l = 0; l < w.lanes.size(); ++l) {
     done += ReadCompletions(
         w.lanes[l].cq.get(), false,
         [&w](const fi_cq_data_entry& e, fi_addr_t) { CountCompletion(w, OpOf(e.op_context)); },
         [&w](const CompletionError& e) { Fail(*w.session, "a WRITE failed: " + e.text); });
+    // <rung lazy>
+    // --lazy: posts a lane's prepared WRITEs right after its completions made room in its
+    // queue (progress in the CQ poll).
     if (lazy && !w.pending[l].empty()) {
       const uint64_t before = w.posts;
       Flush(w, l);
       w.posted_in_poll += w.posts - before;
     }
+    // </rung lazy>
   }
   return done;
 }
-// </rung lazy>
-// <rung batch>
-// --batch: prepares at most --batch WRITEs per lane each time round the loop (1: one, then
-// poll again), one placed share after another in turn. Page i of a request always goes out
-// on lane i % lanes, so each thread owns its pages. Eager posting (--eager-post) hands a
-// lane's WRITEs to the provider as soon as a doorbell's worth is ready.
+// Prepares WRITEs of the placed shares, one share after another in turn, and posts them as
+// soon as a doorbell's worth of a lane is ready (eager posting). Page i of a request always
+// goes out on lane i % lanes, so each thread owns its pages.
 void PostWrites(Worker& w) {
   const Session& s = *w.session;
-  const bool eager = !s.On(wire::kEngineLazy);
+  // <rung lazy>
+  const bool eager = !s.On(wire::kEngineLazy);  // --eager-post: lazy posting's switch off
+  // </rung lazy>
+  // <without lazy> const bool eager = true;
+  // <rung batch>
+  // --batch: prepares at most --batch WRITEs per lane each time round the loop (1: one, then
+  // poll again).
   const uint64_t batch = s.engine.batch * w.lane_count;
+  // </rung batch>
+  // <without batch> const uint64_t batch = w.lane_count;
   uint64_t budget = batch;
   bool prepared_any = true;
   while (budget > 0 && prepared_any) {
@@ -250,7 +274,6 @@ void PostWrites(Worker& w) {
   if (eager)
     for (size_t l = 0; l < w.lanes.size(); ++l) Flush(w, l);
 }
-// </rung batch>
 // Shares whose WRITEs all completed give their source memory back; the last share of a
 // request hands it back to the service, with its times.
 void FinishShares(Worker& w, Clock::time_point now) {
@@ -287,8 +310,12 @@ void RunWorker(Worker& w) {
   Session& s = *w.session;
   w.tid = gettid();
   try {
+    // <rung pin>
     if (s.On(wire::kEnginePin)) PinToGroupCore(w);
+    // </rung pin>
+    // <rung numa>
     if (s.On(wire::kEngineNuma)) BindToGroupMemory(w);
+    // </rung numa>
     OpenLanes(w);
     ++s.ready;
     Clock::time_point last_work = Clock::now();  // a share placed or a WRITE completed

@@ -130,9 +130,11 @@ void PrintHeader(const char* role, const Plan& plan, WaitMode wait, const Memory
 using Mail = Mailbox<Network, Op>;
 // "1 thread, pinned, sharded, batch 16, ...": the settings of an engine, for the log.
 std::string DescribeEngine(const wire::Engine& e, size_t threads);
+// <rung threads>
 // How many data threads serve `lanes` lanes: --threads, or 0 for one per topology group
 // among them; never more than lanes. The client receives with as many.
 size_t ThreadsFor(uint32_t asked, const Plan& plan, size_t lanes);
+// </rung threads>
 
 // One TRANSFER being served. The service hands it over; each data thread serves the pages
 // that go out on its lanes (its share), and the last one to finish hands it back.

@@ -258,6 +258,8 @@ std::unique_ptr<service::Session> Engine::Open(const wire::Connect& connect) {
   s->topology = &topology_;
   // <rung threads>
   const size_t threads = ThreadsFor(s->engine.threads, plan_, used);
+  // </rung threads>
+  // <without threads> const size_t threads = 1;
   std::map<const DeviceGroup*, size_t> per_group;  // threads placed in each group so far
   const bool here = IsThisSystem(topology_);       // not a rehearsal (--topology)
   for (size_t t = 0; t < threads; ++t) {
@@ -270,15 +272,15 @@ std::unique_ptr<service::Session> Engine::Open(const wire::Connect& connect) {
     const std::vector<unsigned> cpus =
         here ? CpusWithin(w->group->cpus, cores_.given) : w->group->cpus;
     if (!cpus.empty()) w->cpu = cpus[per_group[w->group]++ % cpus.size()];
+    // <rung pin>
     if (here && s->On(wire::kEnginePin) && w->cpu) s->pinned.push_back(*w->cpu);
+    // </rung pin>
     for (size_t l = 0; l < w->lane_count; ++l) s->owner.push_back(t);
     s->workers.push_back(std::move(w));
   }
-  // </rung threads>
-  if (!s->On(wire::kEngineShard)) {
-    s->shared.ops.resize(s->engine.window * used);
-    for (auto& op : s->shared.ops) s->shared.free_ops.push_back(&op);
-  }
+  // The session's window, which threads share without sharding (--no-shard).
+  s->shared.ops.resize(s->engine.window * used);
+  for (auto& op : s->shared.ops) s->shared.free_ops.push_back(&op);
   for (auto& w : s->workers) w->thread = std::thread(RunWorker, std::ref(*w));
   // Opening lanes is this host's own work, not a peer's answer, so --timeout does not bound
   // it: libfabric 2.x's rxm zeroes its buffer pools in fi_endpoint (measured: 32 tcp lanes
