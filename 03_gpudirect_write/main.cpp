@@ -32,6 +32,7 @@
 #include "address.hpp"
 #include "backoff.hpp"
 #include "completion.hpp"
+#include "cuda_memory.hpp"
 #include "departures.hpp"
 #include "error.hpp"
 #include "fabric_handles.hpp"
@@ -78,6 +79,7 @@ class Network {
   static Network Open(const Options& options, std::span<const uint8_t> peer, MemoryKind memory);
   std::vector<uint8_t> Address() const;
   fi_addr_t AddPeerAddress(std::span<const uint8_t> address);
+  MrPtr Register(const PageBuffer& pages, uint64_t access) const;
   wire::RemoteRegion Advertise(fid_mr* mr, const void* data, size_t size) const;
   void PostRecv(Op& op);
   bool PostSend(Op& op, fi_addr_t dest);
@@ -176,6 +178,54 @@ fi_addr_t Network::AddPeerAddress(std::span<const uint8_t> address) {
   return addr;
 }
 
+// Registers the memory the NIC reads or writes (`pages.nic_data()`: GPU memory on the direct
+// path, host or pinned host memory otherwise) for `access`: FI_REMOTE_WRITE for a region
+// peers write into, FI_WRITE for pages we write from. (07 calls the same code in
+// common/registration.cpp, RegisterPages.)
+MrPtr Network::Register(const PageBuffer& pages, uint64_t access) const {
+  iovec iov{pages.nic_data(), pages.size()};
+  fi_mr_attr attr{};
+  attr.mr_iov = &iov;
+  attr.iov_count = 1;
+  attr.access = access;
+  // The key a peer names to reach this memory. Where the provider picks keys (FI_MR_PROV_KEY:
+  // efa) this is ignored; where we pick them (tcp, shm), keys 1, 2, 3... would let anyone who
+  // knows our address guess them, so the key is random (fi_mr_key() tells it either way).
+  attr.requested_key = RandomKey(info->domain_attr->mr_key_size);
+  uint64_t flags = 0;
+#ifdef FI_MR_DMABUF
+  fi_mr_dmabuf dmabuf{};  // must outlive fi_mr_regattr: attr.dmabuf shares storage with mr_iov
+#endif
+  UniqueFd dmabuf_fd;
+  if (pages.path() == PageBuffer::Path::kGpuDirect) {
+    // GPU memory handed to the provider as it is: the kind of memory (FI_HMEM_CUDA) and the
+    // GPU it lives on, so the provider (or the NIC's driver) can reach it there.
+    const CudaBuffer& gpu = pages.gpu();
+    gpu.MakeCurrent();  // a data thread may register before any CUDA call of its own
+    attr.iface = FI_HMEM_CUDA;
+    attr.device.cuda = gpu.device();
+    // Device memory, never managed memory: shm then moves pages by CUDA IPC. CUDA IPC opens
+    // cudaMalloc's allocations only, so VMM memory (--memory cuda-vmm) goes without the flag
+    // and shm copies it through host memory.
+    if (gpu.allocation() == GpuAllocation::kMalloc) flags |= FI_HMEM_DEVICE_ONLY;
+#ifdef FI_MR_DMABUF
+    // As a dmabuf where the driver exports one (libfabric >= 1.20): the NIC's kernel driver
+    // then maps the GPU's pages itself, without the nvidia-peermem module.
+    dmabuf_fd = gpu.ExportDmabuf(pages.nic_data(), pages.size());
+    if (dmabuf_fd.get() >= 0) {
+      dmabuf.fd = dmabuf_fd.get();
+      dmabuf.len = pages.size();
+      dmabuf.base_addr = pages.nic_data();
+      attr.dmabuf = &dmabuf;
+      flags |= FI_MR_DMABUF;
+    }
+#endif
+  }
+  fid_mr* mr = nullptr;
+  FI_CHECK(fi_mr_regattr(domain.get(), &attr, flags, &mr));
+  return MrPtr(mr);
+}
+
 // What the writer needs to reach our region: with FI_MR_VIRT_ADDR, remote addresses are
 // virtual addresses; otherwise (tcp without it, for example) offsets from 0. The key is the
 // provider's, or the random one common/registration chose for us.
@@ -261,7 +311,7 @@ std::unique_ptr<Request> PrepareRequest(Network& net, const Client& client, fi_a
   r->source = PageBuffer(count * page_size, net.memory, 0, Pages::kSmall);  // for one request
   HostBuffer staging;  // GPU memory is filled here first
   FillPages(r->source, 0, r->transfer.seed, r->transfer.pages, page_size, staging);
-  r->mr = RegisterPages(net.domain.get(), *net.info, r->source, FI_WRITE);
+  r->mr = net.Register(r->source, FI_WRITE);
   r->writes.resize(count);
   for (size_t i = 0; i < count; ++i) {
     r->writes[i].buffer = static_cast<uint8_t*>(r->source.nic_data()) + i * page_size;
@@ -541,7 +591,7 @@ int ClientMain(const Options& options) {
   // The region has room for twice the pages asked for, so the chosen pages are scattered.
   const uint64_t region_pages = 2 * options.pages;
   PageBuffer region(region_pages * options.page_size, net.memory);
-  MrPtr region_mr = RegisterPages(net.domain.get(), *net.info, region, FI_REMOTE_WRITE);
+  MrPtr region_mr = net.Register(region, FI_REMOTE_WRITE);
   Mail mail(net, kRecvDepth, 3);
 
   wire::Transfer request;

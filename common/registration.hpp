@@ -1,7 +1,9 @@
-// Memory registration from stage 03 on, where it stops changing (03's README walks through it):
-// host memory, or GPU memory handed to the provider with its interface and device
-// (FI_HMEM_CUDA), as a dmabuf where it can take one; and the choice, said out loud, between
-// handing GPU memory to the provider (direct) and staging it through pinned host memory.
+// Memory registration: host memory, or GPU memory handed to the provider with its interface
+// and device (FI_HMEM_CUDA), as a dmabuf where it can take one. 03 writes it out itself, as its
+// lesson (`Network::Register` in 03_gpudirect_write/main.cpp, the same code); 04 on use
+// RegisterPages here. And the choice, said out loud, between handing GPU memory to the
+// provider (direct) and staging it through pinned host memory, which every stage from 03 on
+// makes here.
 #pragma once
 
 #include <rdma/fabric.h>
