@@ -8,6 +8,28 @@ bytes_of() {  # 4096, 64k, 2m, 1g -> bytes; exit status 1 for what is not a size
     printf "%.0f\n", n * (u == "k" ? 1024 : u == "m" ? 1048576 : u == "g" ? 1073741824 : 1)}'
 }
 field() { sed -n "s/.*\"$1\":\([0-9.]*\).*/\1/p"; }
+# verdict "BELOW" "THIS" up|down: what a change did to a figure, from the runs on each side
+# (space-separated; up: higher is better, down: lower is better). "gain" when every run of THIS
+# beats every run of BELOW in that direction (the two ranges do not overlap), "loss" when every
+# run is worse, "no change" when the ranges overlap (the difference is within the spread), and
+# "too few runs" with fewer than 3 on either side: a range of one or two runs is no spread.
+verdict() {
+  awk -v a="$1" -v b="$2" -v dir="$3" 'BEGIN {
+    na = split(a, x, " "); nb = split(b, y, " ")
+    if (dir != "up" && dir != "down") { print "verdict: direction is up or down, not \"" dir "\"" > "/dev/stderr"; exit 2 }
+    if (na < 3 || nb < 3) { print "too few runs"; exit }
+    amin = amax = x[1] + 0; for (i = 2; i <= na; i++) { v = x[i] + 0; if (v < amin) amin = v; if (v > amax) amax = v }
+    bmin = bmax = y[1] + 0; for (i = 2; i <= nb; i++) { v = y[i] + 0; if (v < bmin) bmin = v; if (v > bmax) bmax = v }
+    if (dir == "down") { t = -amin; amin = -amax; amax = t; t = -bmin; bmin = -bmax; bmax = t }
+    print (bmin > amax ? "gain" : bmax < amin ? "loss" : "no change") }'
+}
+# spread "RUNS": (max - min) / median of the runs, in percent ("-" for fewer than 2 runs).
+spread() {
+  tr ' ' '\n' <<<"$1" | grep . | sort -g | awk '{v[NR] = $1} END {
+    if (NR < 2) { print "-"; exit }
+    m = NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2
+    if (m == 0) print "-"; else printf "%.0f\n", 100 * (v[NR] - v[1]) / m }'
+}
 cpu_ticks() {  # user nice system idle iowait irq softirq, summed over all CPUs
   awk '/^cpu / {print $2, $3, $4, $5, $6, $7, $8}' /proc/stat
 }
