@@ -68,6 +68,7 @@ struct Receiver {
   std::unique_ptr<std::atomic<uint64_t>[]> per_lane;  // per lane of the thread
   uint64_t owed = 0;                                  // timed WRITEs its lanes receive in all
   std::atomic<Clock::rep> last_arrival{0};            // read once, when the last of them lands
+  std::atomic<Clock::rep> first_arrival{0};           // and when the first timed one did
   std::mutex mutex;
   std::string failure;
   std::atomic<bool> failed{false};
@@ -116,6 +117,8 @@ void RunReceiver(Receiver& r, std::span<Network> lanes, size_t requests, WaitMod
       if (n > 0) {
         // The clock is read once, not per completion: at 1.5 M WRITEs a second reading it
         // for each batch cost 2% of this thread.
+        if (total > 0 && r.first_arrival == 0)
+          r.first_arrival = Clock::now().time_since_epoch().count();
         if (total == r.owed && r.last_arrival == 0)
           r.last_arrival = Clock::now().time_since_epoch().count();
         for (size_t l = 0; l < r.lane_count; ++l) r.per_lane[l] = lane_counts[l];
@@ -272,7 +275,6 @@ Summary RunSession(const Options& options, std::span<const uint8_t> peer, wire::
   uint64_t expected = total_pages * options.repeat;  // less what the server refuses
   size_t done_count = 0, refused_count = 0;
   wire::Done served{0, 0, UINT64_MAX, 0, 0};  // the server's clock, from its DONEs
-  uint64_t first_request_ns = 0;              // request 1's alone (what warmup moves)
   uint64_t setup_ns = 0;
   std::string refused;
   bool accepted = false;
@@ -323,8 +325,6 @@ Summary RunSession(const Options& options, std::span<const uint8_t> peer, wire::
     } else if (auto* d = std::get_if<wire::Done>(&*message); d && answers(d->request_id)) {
       if (d->request_id == kWarmupRequest) return;
       ++done_count;
-      if (d->request_id == 1 && d->last_completion_ns >= d->first_post_ns)
-        first_request_ns = d->last_completion_ns - d->first_post_ns;
       served.first_post_ns = std::min(served.first_post_ns, d->first_post_ns);
       served.last_completion_ns = std::max(served.last_completion_ns, d->last_completion_ns);
       served.fill_ns += d->fill_ns;
@@ -571,7 +571,13 @@ Summary RunSession(const Options& options, std::span<const uint8_t> peer, wire::
   summary.registered_bytes = registered;
   summary.registration_seconds = std::chrono::duration<double>(registering).count();
   summary.server_fill_seconds = static_cast<double>(served.fill_ns) / 1e9;
-  summary.first_request_seconds = static_cast<double>(first_request_ns) / 1e9;
+  // The first timed WRITE's arrival, from the first TRANSFER sent: what the warmup moves.
+  Clock::rep first = 0;
+  for (const auto& r : receivers.threads)
+    if (r->first_arrival != 0 && (first == 0 || r->first_arrival < first)) first = r->first_arrival;
+  if (first != 0)
+    summary.first_write_seconds =
+        std::chrono::duration<double>(Clock::time_point{Clock::duration(first)} - start).count();
   summary.ignored_messages = from_server.ignored();
   summary.main_cpu_seconds = main_cpu;
   summary.receiver_cpu_seconds = 0;

@@ -36,13 +36,13 @@ static std::string MemoryWords(const std::string& memory) {
 }
 
 // The fields only some runs have: "emulated_write" (efa), "receiver_cq_entries" (07), "nics"
-// (07: per NIC, bytes and wire_bytes), "first_request_seconds", "main_cpu_seconds" and
+// (07: per NIC, bytes and wire_bytes), "first_write_seconds", "main_cpu_seconds" and
 // "receiver_cpu_seconds" (07), each where measured.
 static std::string OptionalJson(const Summary& s) {
   std::string json;
-  if (s.first_request_seconds >= 0) {
+  if (s.first_write_seconds >= 0) {
     char text[64];
-    std::snprintf(text, sizeof(text), ",\"first_request_seconds\":%.6f", s.first_request_seconds);
+    std::snprintf(text, sizeof(text), ",\"first_write_seconds\":%.6f", s.first_write_seconds);
     json += text;
   }
   if (s.emulated_write >= 0)

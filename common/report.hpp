@@ -25,10 +25,10 @@ struct Summary {
   // 07: what opening the session cost the server (once), and filling pages (per request).
   double server_setup_seconds = 0;
   double server_fill_seconds = 0;
-  // 07: the server's clock for request 1 alone (its first WRITE posted to its last completed),
-  // the figure the warmup rung moves: without warmup it carries the lanes' first use
-  // (connections made, pages first touched). Negative: not measured.
-  double first_request_seconds = -1;
+  // 07: the client's clock from its first TRANSFER sent to its first WRITE landed, the
+  // figure the warmup rung moves: without warmup it carries the lanes' first use (connections
+  // made, the peer's memory first mapped). Negative: not measured.
+  double first_write_seconds = -1;
   // 07: what registering the client's own region cost it, apart from the transfer.
   uint64_t registered_bytes = 0;
   double registration_seconds = 0;
