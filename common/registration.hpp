@@ -1,7 +1,7 @@
 // Memory registration: host memory, or GPU memory handed to the provider with its interface
-// and device (FI_HMEM_CUDA), as a dmabuf where it can take one. 03 writes it out itself, as its
-// lesson (`Network::Register` in 03_gpudirect_write/main.cpp, the same code); 04 on use
-// RegisterPages here. And the choice, said out loud, between handing GPU memory to the
+// and device (FI_HMEM_CUDA), as a dmabuf where it can take one: 07's RegisterPages. 03-06
+// write the same code out in their own `Network::Register` (03's lesson, carried with the rest
+// of their network code). And the choice, said out loud, between handing GPU memory to the
 // provider (direct) and staging it through pinned host memory, which every stage from 03 on
 // makes here.
 #pragma once
