@@ -97,6 +97,7 @@ class Network : public Endpoint {
 
   MemoryPath memory;    // where our pages live and how they reach the NIC (common/registration)
   bool source = false;  // completions name their sender (FI_SOURCE): control endpoints only
+  uint64_t write_completion = 0;  // added to every WRITE's flags (WriteCompletion)
 };
 // The lanes: every group's NICs, group after group, and which group each lane belongs to.
 struct Plan {
@@ -121,6 +122,9 @@ inline size_t ReceiverCqEntries(size_t window) {
   return std::max<size_t>(16384, 4 * window);
 }
 WaitMode ChooseWaitMode(WaitMode requested, const fi_info& nic);
+// When a WRITE counts as complete at the writer: FI_DELIVERY_COMPLETE where the provider's
+// own completion would come before the target has the data (main.cpp), else 0 (its default).
+uint64_t WriteCompletion(const fi_info& nic);
 void WaitForCompletions(std::span<Network> lanes, int timeout_ms);
 void PrintHeader(const char* role, const Plan& plan, WaitMode wait, const MemoryPath& memory,
                  std::optional<bool> emulated_write);

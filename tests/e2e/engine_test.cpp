@@ -117,6 +117,28 @@ TEST_P(Engine, ReportsCpuTimeByThreadRole) {
   EXPECT_NE(done.out.find(" s since the server started"), std::string::npos) << done.out;
 }
 
+// Where the provider would complete a WRITE before the client has it (shm from libfabric 1.18:
+// README.md, "WRITEs complete once delivered"), the server asks for delivery completion and
+// says so; elsewhere it keeps the provider's default and says nothing. Either way every page
+// arrives.
+TEST_P(Engine, WritesCompleteOnDeliveryWhereShmWouldCompleteThemAtOnce) {
+  StageServer server(kStage, provider(), 1, {"--memory", "host", "--nics", "2"});
+  ASSERT_FALSE(server.address().empty());
+  Result client =
+      RunClient(kStage, provider(), server.address(), Small(64, {"--nics", "2", "--json"}));
+  ASSERT_EQ(client.exit_code, 0) << client.out << client.err;
+  EXPECT_EQ(NumberAfter(client.out, "\"verified_bytes\":"), 64LL * 16384 * 2);
+  Result done = server.Wait();
+  ASSERT_EQ(done.exit_code, 0) << done.err;
+  const bool asked = provider() == "shm" && fi_version() >= FI_VERSION(1, 18);
+  const std::string line = "; WRITEs complete once delivered (FI_DELIVERY_COMPLETE)\n";
+  EXPECT_EQ(done.out.find("07_full_p5 server: provider ") < done.out.find(line) &&
+                done.out.find(line) != std::string::npos,
+            asked)
+      << "libfabric " << FI_MAJOR(fi_version()) << "." << FI_MINOR(fi_version()) << "\n"
+      << done.out;
+}
+
 // The server's last line about a session: its totals and what each rung did, as counted.
 std::vector<std::string> SessionLines(const std::string& log) {
   std::vector<std::string> lines;
