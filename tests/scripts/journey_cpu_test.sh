@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # scripts/journey --cpu at its smallest (3 runs, 2 lanes, 1 thread, 20,000 WRITEs a run) over
 # shm: every rung of the ladder is in the table with its runs and a verdict, and with the
-# figure it exists to move measured below and at that rung (the server's own counts), each
-# a number or, for NUMA on a one-node host, the reason it cannot show. Bad input: exit 2.
+# figure it exists to move measured below and at that rung (the server's own counts; the
+# warmup's first WRITE over loopback tcp), each a number or, for NUMA on a one-node host, the
+# reason it cannot show. Bad input: exit 2.
 set -uo pipefail
 root=$1 build=$2
 dir=$(mktemp -d); trap 'rm -rf "$dir"' EXIT
@@ -31,6 +32,9 @@ done
 [[ "$(cell "+ sharded" 7)" =~ -\>\ 0(\.00)?$ ]] || fail "sharded: locks per WRITE '$(cell "+ sharded" 7)'"
 [ "$(cell "+ sharded" 8)" = gain ] || fail "sharded: fewer locks is not a gain: $(row "+ sharded")"
 [ "$(cell "+ batching" 8)" = gain ] || fail "batching: $(row "+ batching")"
+# The warmup's first WRITE over loopback tcp, where rxm connects each lane on its first WRITE.
+[[ "$(cell "+ warmup" 7)" == *" over tcp; over shm "* ]] || fail "warmup: $(row "+ warmup")"
+[ "$(cell "+ warmup" 8)" = gain ] || fail "warmup: a first WRITE no sooner: $(row "+ warmup")"
 [ "$(cell "+ lazy" 8)" = gain ] || fail "lazy: $(row "+ lazy")"
 [[ "$(cell "+ one doorbell" 8)" == gain* ]] || fail "doorbell: $(row "+ one doorbell")"
 [[ "$(cell "+ pinning" 7)" =~ ^$num%\ -\>\ $num% ]] || fail "pinning: spread '$(cell "+ pinning" 7)'"
