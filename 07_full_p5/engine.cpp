@@ -321,6 +321,10 @@ void RunWorker(Worker& w) {
     Clock::time_point last_work = Clock::now();  // a share placed or a WRITE completed
     while (!s.stop) {
       w.rounds.store(w.rounds.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+      if (const int core = sched_getcpu(); core != w.last_core) {
+        if (w.last_core >= 0) ++w.core_moves;
+        w.last_core = core;
+      }
       const size_t shares = w.shares.size();
       PlaceShares(w);
       const size_t done = PollLanes(w);

@@ -221,6 +221,10 @@ struct Worker {
   uint64_t in_flight = 0;          // WRITEs of this thread's not yet completed
   // What each rung does, counted, so that a switch that changed nothing shows (README.md).
   uint64_t most_prepared = 0, posts = 0, doorbells = 0, posted_in_poll = 0;
+  // Pinning's figure: how often the thread found itself on another core than in its last
+  // round (sched_getcpu, read from the vDSO each round; -1 before the first).
+  uint64_t core_moves = 0;
+  int last_core = -1;
   std::string placement;   // where the OS says the thread runs and allocates
   std::mutex inbox_mutex;  // the control thread hands new shares over here
   std::condition_variable inbox_ready;

@@ -213,6 +213,7 @@ TEST_P(Engine, EverySwitchOfTheLadderDoesWhatItSays) {
   EXPECT_TRUE(has(3, "2 threads (" + all + ", memory anywhere; " + all + ", memory anywhere)"))
       << lines[3];
   EXPECT_TRUE(has(4, "2 threads (cpus 0, memory anywhere; cpus 1, memory anywhere)")) << lines[4];
+  EXPECT_TRUE(has(4, " 0 moves between cores")) << lines[4];  // pinned: never on another core
   EXPECT_FALSE(has(4, " 0 lock acquisitions")) << lines[4];
   EXPECT_TRUE(has(5, " 0 lock acquisitions")) << lines[5];
   EXPECT_TRUE(has(5, "at most 1 WRITEs prepared per visit")) << lines[5];  // a lane per thread
