@@ -54,7 +54,7 @@ void BindToGroupMemory(const Worker& w) {
 void OpenLanes(Worker& w) {
   Session& s = *w.session;
   for (size_t l = w.first_lane; l < w.first_lane + w.lane_count; ++l) {
-    w.lanes.push_back(Network::Open(DataLane(*s.plan->lanes[l]), s.wait, &s.memory));
+    w.lanes.push_back(Network::Open(DataLane(*s.plan->lanes[l]), s.wait, &s.memory, 0, true));
     w.dest.push_back(w.lanes.back().Insert(s.addresses[l]));
     w.writers.push_back(w.lanes.back().Address());
   }
@@ -87,6 +87,7 @@ void OpenLanes(Worker& w) {
   if (s.memory.path != PageBuffer::Path::kHost) w.staging = HostBuffer(largest);
   w.pending.resize(w.lane_count);
   w.held_back.assign(w.lane_count, 0);
+  w.riders.resize(w.lane_count);
   // <rung shard>
   if (s.On(wire::kEngineShard)) {  // the thread's own window
     w.ops.resize(s.engine.window * w.lane_count);
@@ -125,7 +126,7 @@ Op* TakeOp(Worker& w) {
   ++w.in_flight;
   return op;
 }
-void CountCompletion(Worker& w, Op* op) {
+void CountWrite(Worker& w, Op* op) {
   --w.in_flight;
   ++op->share->completed;
   // <rung shard>
@@ -142,6 +143,13 @@ void CountCompletion(Worker& w, Op* op) {
   ++shared.writes;
   shared.bytes += op->length;
   shared.free_ops.push_back(op);
+}
+// A completion: its WRITE's, and those of the WRITEs it vouches for (Flush).
+void CountCompletion(Worker& w, Op* op) {
+  ++w.completions;
+  for (Op* rider : op->riders) CountWrite(w, rider);
+  op->riders.clear();
+  CountWrite(w, op);
 }
 // New shares from the control thread: each takes room in the thread's source memory (it
 // waits for room if the memory is taken by earlier requests) and its pages are filled there.
@@ -197,6 +205,10 @@ void Flush(Worker& w, size_t lane) {
         return;
       }
       queue.pop_front();
+      if (!op->signaled)
+        w.riders[lane].push_back(op);  // the lane's next reported WRITE vouches for it
+      else
+        op->riders.swap(w.riders[lane]);
       ++w.posts;
       if (!more) ++w.doorbells;
       if (op->share->posted++ == 0) op->share->first_post = Clock::now();

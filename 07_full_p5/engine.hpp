@@ -66,6 +66,10 @@ struct Op {
   Share* share = nullptr;           // the part of a request a WRITE belongs to
   uint64_t remote_offset = 0;       // where in the peer's region a WRITE goes
   size_t lane = 0;                  // the lane (of its thread) a WRITE goes out on
+  // Where only one WRITE of a doorbell's group reports its completion (Network::selective),
+  // whether this one does, and, if it does, the WRITEs before it that it vouches for.
+  bool signaled = true;
+  std::vector<Op*> riders;
 };
 
 inline Op* OpOf(void* context) {
@@ -76,8 +80,9 @@ inline Op* OpOf(void* context) {
 class Network : public Endpoint {
  public:
   // A data lane gets `pages`, where its pages live: by GPUDirect RDMA it refuses the CUDA API.
+  // `writer`: the server's data lane, which WRITEs (see WriteCompletion).
   static Network Open(FiInfoPtr nic, WaitMode wait, const MemoryPath* pages = nullptr,
-                      size_t cq_entries = 0);
+                      size_t cq_entries = 0, bool writer = false);
   wire::RemoteRegion Advertise(fid_mr* mr, const void* data, size_t size) const;
   void PostRecv(Op& op);
   bool PostSend(Op& op, fi_addr_t dest);
@@ -97,7 +102,10 @@ class Network : public Endpoint {
 
   MemoryPath memory;    // where our pages live and how they reach the NIC (common/registration)
   bool source = false;  // completions name their sender (FI_SOURCE): control endpoints only
-  uint64_t write_completion = 0;  // added to every WRITE's flags (WriteCompletion)
+  uint64_t write_completion = 0;  // added to a reported WRITE's flags (WriteCompletion)
+  // Only the last WRITE of a doorbell's group reports its completion, and vouches for the
+  // WRITEs before it that were copied out at once (WriteCompletion).
+  bool selective = false;
 };
 // The lanes: every group's NICs, group after group, and which group each lane belongs to.
 struct Plan {
@@ -216,11 +224,12 @@ struct Worker {
   std::vector<Op*> free_ops;
   std::vector<std::deque<Op*>> pending;  // per lane: WRITEs prepared, not yet posted
   std::vector<char> held_back;           // per lane: WRITEs posted with FI_MORE, no doorbell yet
+  std::vector<std::vector<Op*>> riders;  // per lane: posted WRITEs that report no completion
   std::list<std::unique_ptr<Share>> shares;
   uint64_t writes = 0, bytes = 0;  // sharded counters, summed when reporting
   uint64_t in_flight = 0;          // WRITEs of this thread's not yet completed
   // What each rung does, counted, so that a switch that changed nothing shows (README.md).
-  uint64_t most_prepared = 0, posts = 0, doorbells = 0, posted_in_poll = 0;
+  uint64_t most_prepared = 0, posts = 0, doorbells = 0, posted_in_poll = 0, completions = 0;
   // Pinning's figure: how often the thread found itself on another core than in its last
   // round (sched_getcpu, read from the vDSO each round; -1 before the first).
   uint64_t core_moves = 0;

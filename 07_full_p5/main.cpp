@@ -154,17 +154,23 @@ WaitMode ChooseWaitMode(WaitMode requested, const fi_info& nic) {
 // it no longer does. Measured on 2 cores (2.6, one lane, 4 KiB pages, 5 runs each,
 // alternated): 0.92-3.83 M WRITEs/s, bimodal, without it; 3.15-3.24 with it. It would cost
 // 1.17's shm a third (1.40-1.50 against 0.90-0.96) and tcp;ofi_rxm a third (a reply per
-// WRITE), so only shm from 1.18 on asks for it; the others keep their default.
+// WRITE), so only shm from 1.18 on asks for it; the others keep their default. And only the
+// last WRITE of a doorbell's group asks for a completion at all (PostWrite, README.md).
 uint64_t WriteCompletion(const fi_info& nic) {
   return std::string(nic.fabric_attr->prov_name) == "shm" && fi_version() >= FI_VERSION(1, 18)
              ? FI_DELIVERY_COMPLETE
              : 0;
 }
-Network Network::Open(FiInfoPtr nic, WaitMode wait, const MemoryPath* pages, size_t cq_entries) {
+Network Network::Open(FiInfoPtr nic, WaitMode wait, const MemoryPath* pages, size_t cq_entries,
+                      bool writer) {
   Network net;
-  static_cast<Endpoint&>(net) = Endpoint::Open(*nic, wait == WaitMode::kBlock, pages, cq_entries);
+  const uint64_t completion = WriteCompletion(*nic);
+  const bool selective = writer && completion != 0;
+  static_cast<Endpoint&>(net) =
+      Endpoint::Open(*nic, wait == WaitMode::kBlock, pages, cq_entries, selective);
   net.source = (net.info->caps & FI_SOURCE) != 0;
-  net.write_completion = WriteCompletion(*net.info);
+  net.write_completion = completion;
+  net.selective = selective;
   return net;
 }
 // What the writer needs to reach our region: with FI_MR_VIRT_ADDR, remote addresses are
@@ -198,7 +204,12 @@ bool Network::PostWrite(Op& op, fi_addr_t dest, const wire::RemoteRegion& region
   iovec iov{op.buffer, op.length};
   fi_rma_iov rma{region.address + offset, op.length, region.key};
   fi_msg_rma msg{&iov, &op.desc, 1, dest, &rma, 1, &op.context, immediate};
-  ssize_t rc = fi_writemsg(ep.get(), &msg, FI_REMOTE_CQ_DATA | write_completion | flags);
+  // A WRITE that more follow at once (FI_MORE), small enough to be copied out as it is posted
+  // (FI_INJECT), reports nothing where completions are selective: the group's last one does,
+  // once delivered, and a peer's commands are taken in order (WriteCompletion).
+  op.signaled = !selective || !(flags & FI_MORE) || op.length > info->tx_attr->inject_size;
+  const uint64_t report = op.signaled ? FI_COMPLETION | write_completion : FI_INJECT;
+  ssize_t rc = fi_writemsg(ep.get(), &msg, FI_REMOTE_CQ_DATA | report | flags);
   if (rc == -FI_EAGAIN) return false;
   FI_CHECK(rc);
   return true;
@@ -233,7 +244,9 @@ void PrintHeader(const char* role, const Plan& plan, WaitMode wait, const Memory
               plan.lanes.size() == 1 ? "" : "s", domains.c_str(),
               wait == WaitMode::kBlock ? "blocking waits" : "spinning",
               DescribeMemoryPath(memory).c_str(), writes,
-              delivery ? "; WRITEs complete once delivered (FI_DELIVERY_COMPLETE)" : "");
+              delivery ? "; WRITEs complete once delivered (FI_DELIVERY_COMPLETE), the last of "
+                         "each doorbell's group reporting for the group (FI_SELECTIVE_COMPLETION)"
+                       : "");
   std::fflush(stdout);
 }
 int ServerMain(const Options& options) {

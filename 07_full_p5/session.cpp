@@ -173,7 +173,7 @@ void Session::Abandon() {
 // The totals, and what each rung did, as the threads counted it.
 std::string Session::Totals() const {
   uint64_t writes = shared.writes, bytes = shared.bytes, most_prepared = 0, posts = 0,
-           doorbells = 0, in_poll = 0, moves = 0;
+           doorbells = 0, in_poll = 0, moves = 0, completions = 0;
   std::string placement;
   double cpu = 0;
   size_t still_running = 0;
@@ -189,17 +189,19 @@ std::string Session::Totals() const {
     doorbells += w->doorbells;
     in_poll += w->posted_in_poll;
     moves += w->core_moves;
+    completions += w->completions;
     placement += (placement.empty() ? "" : "; ") + w->placement;
   }
   char line[512];
   std::snprintf(line, sizeof(line),
                 "%llu WRITEs, %llu bytes; engine: %zu threads (%s), %llu lock acquisitions, "
-                "at most %llu WRITEs prepared per visit, %.2f WRITEs per doorbell, %.0f%% posted "
-                "from the CQ poll, %llu moves between cores",
+                "at most %llu WRITEs prepared per visit, %.2f WRITEs per doorbell, %.2f per "
+                "completion, %.0f%% posted from the CQ poll, %llu moves between cores",
                 static_cast<unsigned long long>(writes), static_cast<unsigned long long>(bytes),
                 workers.size(), placement.c_str(), static_cast<unsigned long long>(shared.locks),
                 static_cast<unsigned long long>(most_prepared),
                 doorbells ? static_cast<double>(posts) / static_cast<double>(doorbells) : 0.0,
+                completions ? static_cast<double>(posts) / static_cast<double>(completions) : 0.0,
                 posts ? 100.0 * static_cast<double>(in_poll) / static_cast<double>(posts) : 0.0,
                 static_cast<unsigned long long>(moves));
   std::string text = line;

@@ -13,7 +13,7 @@
 namespace common {
 
 Endpoint Endpoint::Open(const fi_info& info, bool wait_fd, const MemoryPath* pages,
-                        size_t cq_entries) {
+                        size_t cq_entries, bool selective) {
   Endpoint e;
   e.info.reset(fi_dupinfo(&info));
   fid_fabric* fabric = nullptr;
@@ -47,7 +47,8 @@ Endpoint Endpoint::Open(const fi_info& info, bool wait_fd, const MemoryPath* pag
   fid_ep* ep = nullptr;
   FI_CHECK(fi_endpoint(e.domain.get(), e.info.get(), &ep, nullptr));
   e.ep.reset(ep);
-  FI_CHECK(fi_ep_bind(e.ep.get(), &e.cq->fid, FI_TRANSMIT | FI_RECV));
+  FI_CHECK(fi_ep_bind(e.ep.get(), &e.cq->fid,
+                      FI_TRANSMIT | FI_RECV | (selective ? FI_SELECTIVE_COMPLETION : 0)));
   FI_CHECK(fi_ep_bind(e.ep.get(), &e.av->fid, 0));
   if (pages != nullptr) RefuseCudaApi(e.ep.get(), *pages);
   FI_CHECK(fi_enable(e.ep.get()));

@@ -31,9 +31,10 @@ struct Endpoint {
   // and an enabled endpoint for `info`; an endpoint that moves pages by GPUDirect RDMA
   // (`pages->nic_only`) refuses the CUDA API first (RefuseCudaApi). Throws Error (UsageError
   // when the provider has no wait fd: the user asked for --wait block). `cq_entries` sizes the
-  // CQ (0: the provider's default).
-  static Endpoint Open(const fi_info& info, bool wait_fd = false,
-                       const MemoryPath* pages = nullptr, size_t cq_entries = 0);
+  // CQ (0: the provider's default). `selective`: the CQ is bound with FI_SELECTIVE_COMPLETION,
+  // so that only operations posted with FI_COMPLETION (through the *msg calls) report one.
+  static Endpoint Open(const fi_info& info, bool wait_fd = false, const MemoryPath* pages = nullptr,
+                       size_t cq_entries = 0, bool selective = false);
   std::vector<uint8_t> Address() const;
   // Inserts a peer's address; throws Error when the provider does not accept it.
   fi_addr_t Insert(std::span<const uint8_t> address);

@@ -118,25 +118,35 @@ TEST_P(Engine, ReportsCpuTimeByThreadRole) {
 }
 
 // Where the provider would complete a WRITE before the client has it (shm from libfabric 1.18:
-// README.md, "WRITEs complete once delivered"), the server asks for delivery completion and
-// says so; elsewhere it keeps the provider's default and says nothing. Either way every page
-// arrives.
+// README.md, "WRITEs complete once delivered"), the server asks for delivery completion, and
+// for one completion per doorbell's group of 4 KiB WRITEs, and says so; elsewhere it keeps the
+// provider's default, a completion per WRITE, and says nothing. Either way every page arrives.
 TEST_P(Engine, WritesCompleteOnDeliveryWhereShmWouldCompleteThemAtOnce) {
   StageServer server(kStage, provider(), 1, {"--memory", "host", "--nics", "2"});
   ASSERT_FALSE(server.address().empty());
-  Result client =
-      RunClient(kStage, provider(), server.address(), Small(64, {"--nics", "2", "--json"}));
+  Result client = RunClient(kStage, provider(), server.address(),
+                            {"--memory", "host", "-S", "4k", "--pages", "64", "--requests", "2",
+                             "--repeat", "8", "--timeout", "30", "--nics", "2", "--json"});
   ASSERT_EQ(client.exit_code, 0) << client.out << client.err;
-  EXPECT_EQ(NumberAfter(client.out, "\"verified_bytes\":"), 64LL * 16384 * 2);
+  EXPECT_EQ(NumberAfter(client.out, "\"verified_bytes\":"), 64LL * 4096 * 2);
   Result done = server.Wait();
   ASSERT_EQ(done.exit_code, 0) << done.err;
   const bool asked = provider() == "shm" && fi_version() >= FI_VERSION(1, 18);
-  const std::string line = "; WRITEs complete once delivered (FI_DELIVERY_COMPLETE)\n";
-  EXPECT_EQ(done.out.find("07_full_p5 server: provider ") < done.out.find(line) &&
-                done.out.find(line) != std::string::npos,
-            asked)
-      << "libfabric " << FI_MAJOR(fi_version()) << "." << FI_MINOR(fi_version()) << "\n"
-      << done.out;
+  const std::string says =
+      "; WRITEs complete once delivered (FI_DELIVERY_COMPLETE), the last of "
+      "each doorbell's group reporting for the group "
+      "(FI_SELECTIVE_COMPLETION)\n";
+  const std::string version = "libfabric " + std::to_string(FI_MAJOR(fi_version())) + "." +
+                              std::to_string(FI_MINOR(fi_version())) + "\n";
+  EXPECT_EQ(done.out.find(says) != std::string::npos, asked) << version << done.out;
+  const size_t at = done.out.find(" WRITEs per doorbell, ");
+  ASSERT_NE(at, std::string::npos) << done.out;
+  const double per_completion =
+      std::stod(done.out.substr(at + std::string(" WRITEs per doorbell, ").size()));
+  if (asked)
+    EXPECT_GT(per_completion, 1.5) << version << done.out;
+  else
+    EXPECT_EQ(per_completion, 1.0) << version << done.out;
 }
 
 // The server's last line about a session: its totals and what each rung did, as counted.
