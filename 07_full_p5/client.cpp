@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "address.hpp"
+#include "backoff.hpp"
 #include "engine.hpp"
 #include "error.hpp"
 #include "nic_counters.hpp"
@@ -407,6 +408,7 @@ Summary RunSession(const Options& options, std::span<const uint8_t> peer, wire::
     }
     return inside;
   };
+  ControlNap nap;
   auto progress = [&] {
     size_t n = control.PollCompletion(on_done, on_error);
     if (!mail.Flush(limit).empty())
@@ -423,7 +425,10 @@ Summary RunSession(const Options& options, std::span<const uint8_t> peer, wire::
     seen = now_seen;
     // The receivers count the data; this thread only watches, so it naps unless a control
     // message came (a spinning watcher takes a core from the lanes on a small machine).
-    if (n == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    if (n == 0)
+      nap.Idle();  // 1 ms, doubling to 8 ms (common/backoff.hpp)
+    else
+      nap.Busy();
     if (accepted && Clock::now() - last_progress > limit) {  // before ACCEPT: the loop below
       const std::string owed = missing();
       Abandon(kProgram,

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "address.hpp"
+#include "backoff.hpp"
 #include "completion.hpp"
 #include "departures.hpp"
 #include "endpoint.hpp"
@@ -135,6 +136,7 @@ int Serve(const Options& options, const fi_info& control, WaitMode wait, Engine&
     malloc_trim(0);  // what the session's endpoints and queues took goes back to the system
   };
 
+  ControlNap nap;
   while (!StopRequested() && (options.exit_after == 0 || served < options.exit_after)) {
     bool busy = progress() > 0;
     for (const auto& [peer, why] : std::exchange(lost, {}))  // close() reads more of them
@@ -187,7 +189,9 @@ int Serve(const Options& options, const fi_info& control, WaitMode wait, Engine&
       if (wait == WaitMode::kBlock)
         net.Wait(10);
       else
-        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        nap.Idle();  // 1 ms, doubling to 8 ms (common/backoff.hpp)
+    } else {
+      nap.Busy();
     }
     while (!inbox.empty()) {
       Received m = std::move(inbox.front());

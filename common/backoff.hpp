@@ -8,6 +8,7 @@
 // nothing; on shm, rounds are rarely idle long enough to nap at all.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <thread>
 
@@ -27,6 +28,25 @@ class IdleBackoff {
   static constexpr unsigned kSpins = 64;    // idle rounds spent spinning before the first nap
   static constexpr unsigned kMaxShift = 6;  // naps of at most 64 us
   unsigned idle_ = 0;
+};
+
+// A control thread's manners (07's service and its client's watcher, beside data threads that
+// spin): with nothing to do it sleeps 1 ms, doubling to 8 ms while it stays idle, and any round
+// with a message starts again at 1 ms. A message that comes while it sleeps waits at most 8 ms;
+// the data threads lose a core to it only for its wake-ups. Measured on 2 cores (07, one lane,
+// 4 KiB pages over shm, libfabric 2.6, 3 runs each): 1.12-1.14 M WRITEs/s with 1 ms naps,
+// 1.17-1.21 with 10 ms.
+class ControlNap {
+ public:
+  void Busy() { nap_ = kFirst; }
+  void Idle() {
+    std::this_thread::sleep_for(nap_);
+    nap_ = std::min(nap_ * 2, kLongest);
+  }
+
+ private:
+  static constexpr std::chrono::milliseconds kFirst{1}, kLongest{8};
+  std::chrono::milliseconds nap_ = kFirst;
 };
 
 }  // namespace common
