@@ -165,7 +165,10 @@ Network Network::Open(FiInfoPtr nic, WaitMode wait, const MemoryPath* pages, siz
                       bool writer) {
   Network net;
   const uint64_t completion = WriteCompletion(*nic);
-  const bool selective = writer && completion != 0;
+  // GPU pages that shm moves itself (CUDA IPC) report their own completions: FI_INJECT would
+  // send each through a host buffer of the provider's.
+  const bool selective = writer && completion != 0 &&
+                         (pages == nullptr || pages->path != PageBuffer::Path::kGpuDirect);
   static_cast<Endpoint&>(net) =
       Endpoint::Open(*nic, wait == WaitMode::kBlock, pages, cq_entries, selective);
   net.source = (net.info->caps & FI_SOURCE) != 0;
@@ -239,14 +242,16 @@ void PrintHeader(const char* role, const Plan& plan, WaitMode wait, const Memory
                                            "false)";
   // The writer says when its WRITEs count as done, where it is not the provider's default.
   const bool delivery = std::string(role) == "server" && WriteCompletion(*plan.lanes[0]) != 0;
-  std::printf("%s %s: provider %s, %zu lane%s (%s), %s, pages in %s%s%s\n", kProgram, role,
+  const bool selective = delivery && memory.path != PageBuffer::Path::kGpuDirect;  // as Open
+  std::printf("%s %s: provider %s, %zu lane%s (%s), %s, pages in %s%s%s%s\n", kProgram, role,
               plan.lanes[0]->fabric_attr->prov_name, plan.lanes.size(),
               plan.lanes.size() == 1 ? "" : "s", domains.c_str(),
               wait == WaitMode::kBlock ? "blocking waits" : "spinning",
               DescribeMemoryPath(memory).c_str(), writes,
-              delivery ? "; WRITEs complete once delivered (FI_DELIVERY_COMPLETE), the last of "
-                         "each doorbell's group reporting for the group (FI_SELECTIVE_COMPLETION)"
-                       : "");
+              delivery ? "; WRITEs complete once delivered (FI_DELIVERY_COMPLETE)" : "",
+              selective ? ", the last of each doorbell's group reporting for the group "
+                          "(FI_SELECTIVE_COMPLETION)"
+                        : "");
   std::fflush(stdout);
 }
 int ServerMain(const Options& options) {
