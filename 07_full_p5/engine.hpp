@@ -133,6 +133,10 @@ WaitMode ChooseWaitMode(WaitMode requested, const fi_info& nic);
 // When a WRITE counts as complete at the writer: FI_DELIVERY_COMPLETE where the provider's
 // own completion would come before the target has the data (main.cpp), else 0 (its default).
 uint64_t WriteCompletion(const fi_info& nic);
+// Whether a writer's data lane reports one completion per doorbell's group instead of one per
+// WRITE (FI_SELECTIVE_COMPLETION): where WriteCompletion asks for delivery, for pages in host
+// memory (main.cpp).
+bool OneCompletionPerGroup(const fi_info& nic, const MemoryPath* pages);
 void WaitForCompletions(std::span<Network> lanes, int timeout_ms);
 void PrintHeader(const char* role, const Plan& plan, WaitMode wait, const MemoryPath& memory,
                  std::optional<bool> emulated_write);

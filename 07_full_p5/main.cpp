@@ -161,14 +161,17 @@ uint64_t WriteCompletion(const fi_info& nic) {
              ? FI_DELIVERY_COMPLETE
              : 0;
 }
+// GPU pages that shm moves itself (CUDA IPC) report their own completions: FI_INJECT would
+// send each through a host buffer of the provider's.
+bool OneCompletionPerGroup(const fi_info& nic, const MemoryPath* pages) {
+  return WriteCompletion(nic) != 0 &&
+         (pages == nullptr || pages->path != PageBuffer::Path::kGpuDirect);
+}
 Network Network::Open(FiInfoPtr nic, WaitMode wait, const MemoryPath* pages, size_t cq_entries,
                       bool writer) {
   Network net;
   const uint64_t completion = WriteCompletion(*nic);
-  // GPU pages that shm moves itself (CUDA IPC) report their own completions: FI_INJECT would
-  // send each through a host buffer of the provider's.
-  const bool selective = writer && completion != 0 &&
-                         (pages == nullptr || pages->path != PageBuffer::Path::kGpuDirect);
+  const bool selective = writer && OneCompletionPerGroup(*nic, pages);
   static_cast<Endpoint&>(net) =
       Endpoint::Open(*nic, wait == WaitMode::kBlock, pages, cq_entries, selective);
   net.source = (net.info->caps & FI_SOURCE) != 0;
@@ -242,7 +245,7 @@ void PrintHeader(const char* role, const Plan& plan, WaitMode wait, const Memory
                                            "false)";
   // The writer says when its WRITEs count as done, where it is not the provider's default.
   const bool delivery = std::string(role) == "server" && WriteCompletion(*plan.lanes[0]) != 0;
-  const bool selective = delivery && memory.path != PageBuffer::Path::kGpuDirect;  // as Open
+  const bool selective = delivery && OneCompletionPerGroup(*plan.lanes[0], &memory);
   std::printf("%s %s: provider %s, %zu lane%s (%s), %s, pages in %s%s%s%s\n", kProgram, role,
               plan.lanes[0]->fabric_attr->prov_name, plan.lanes.size(),
               plan.lanes.size() == 1 ? "" : "s", domains.c_str(),
