@@ -27,8 +27,9 @@ namespace {
 
 constexpr size_t kRecvDepth = 16;  // control messages the server keeps receives posted for
 constexpr size_t kSendDepth = 16;
-// Sessions left with a thread stuck in the provider (Session::Stop) are never freed; past this
-// many the server refuses new clients and says why, rather than pile up threads for good.
+// Sessions left with a thread stuck in the provider (Session::Stop; no longer 1.17 shm's dead
+// client's lock, which common/shm_lock.cpp takes over) are never freed; past this many the
+// server refuses new clients and says why, rather than pile up threads for good.
 constexpr size_t kMaxStuckSessions = 64;
 
 using Mail = Mailbox<Endpoint, ControlOp>;
@@ -118,7 +119,7 @@ int Serve(const Options& options, const fi_info& control, WaitMode wait, Engine&
     Client& c = it->second;
     // While its threads stop, the control queue is still read: over shm 1.17 a peer that
     // closes before its first message is read crashes us (docs/architecture.md), and a
-    // stuck thread makes Stop wait 2 s.
+    // thread waiting on a dead client's lock makes Stop wait up to 3 s.
     const bool stopped = c.session->Stop([&] { progress(); });
     std::printf("client %llu %s: %s; control thread %.3f s since the server started\n",
                 static_cast<unsigned long long>(number), how.c_str(), c.session->Totals().c_str(),
@@ -291,8 +292,7 @@ int Serve(const Options& options, const fi_info& control, WaitMode wait, Engine&
         if (stuck.size() >= kMaxStuckSessions) {  // each keeps a thread and its endpoints
           refuse(id, number, 0,
                  std::to_string(stuck.size()) +
-                     " sessions have a thread stuck in the provider "
-                     "(libfabric 1.17's shm and killed clients): restart this server");
+                     " sessions have a thread stuck in the provider: restart this server");
           departed[id] = Clock::now();
           continue;
         }

@@ -14,6 +14,7 @@
 
 #include "engine.hpp"
 #include "error.hpp"
+#include "shm_lock.hpp"
 
 namespace p5 {
 
@@ -89,7 +90,7 @@ std::string Session::Dispatch(wire::Transfer transfer) {
 }
 // A data thread that has not gone round its loop for --peer-timeout is stuck inside a
 // provider call: libfabric 1.17's shm does that when a peer is killed while holding the
-// spinlock of its shared-memory region.
+// spinlock of its shared-memory region, until common/shm_lock.cpp takes the lock over.
 service::Session::Report Session::Poll() {
   Report report;
   {
@@ -136,7 +137,11 @@ bool Session::Stop(const std::function<void()>& meanwhile) {
     }
     w->inbox_ready.notify_all();
   }
-  const auto deadline = Clock::now() + std::chrono::seconds(2);  // a loop takes <= 100 ms
+  // A loop takes <= 100 ms; a thread waiting on a dead client's lock is let go within the
+  // patience of common/shm_lock.cpp.
+  const auto deadline =
+      Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                         std::chrono::duration<double>(std::max(2.0, kShmLockPatienceSeconds + 1)));
   bool all = true;
   for (auto& w : workers) {
     while (!w->exited && Clock::now() < deadline) {

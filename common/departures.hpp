@@ -18,10 +18,10 @@
 // One shm 1.17 fault no server can keep clear of: a local process that sends to us and closes
 // its endpoint before we read its first message ends us by SIGSEGV in fi_cq_read (shm reads
 // the region of a name whose file has gone; tests/provider/shm_faults closed-peer). And one
-// that costs a thread: a client killed while it holds the spinlock of its shared-memory region
-// never releases it, and a send or WRITE to it spins for good (tests/provider/shm_faults
-// locked-peer); 07 drops such a client and leaves the thread at idle priority. A server over
-// shm 1.x says both when it starts.
+// that costs a wait: a client killed while it holds the spinlock of its shared-memory region
+// never releases it, and a send or WRITE to it would spin for good (tests/provider/shm_faults
+// locked-peer); the program's own pthread_spin_lock takes the lock over after 2 s
+// (common/shm_lock.cpp). A server over shm 1.x says both when it starts.
 #pragma once
 
 #include <rdma/fabric.h>
@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "error.hpp"
+#include "shm_lock.hpp"
 
 namespace common {
 
@@ -52,10 +53,10 @@ class Departures {
     if (park_)
       std::printf(
           "warning: libfabric %u.%u's shm ends this server if a local process sends to it and "
-          "exits before its first message is read, and loses a thread for good to each "
-          "client killed while it holds its region's lock; to face untrusted local processes "
-          "or clients that may be killed, serve over tcp or with libfabric 2.x\n",
-          FI_MAJOR(fi_version()), FI_MINOR(fi_version()));
+          "exits before its first message is read, and waits %.0f s on each client killed "
+          "while it holds its region's lock; to face untrusted local processes or clients "
+          "that may be killed, serve over tcp or with libfabric 2.x\n",
+          FI_MAJOR(fi_version()), FI_MINOR(fi_version()), kShmLockPatienceSeconds);
   }
 
   // Whether removals wait here instead of reaching the provider at once.

@@ -331,15 +331,15 @@ TEST_P(Engine, MoreLanesThanTheServerIsRefused) {
 INSTANTIATE_TEST_SUITE_P(Providers, Engine, ::testing::Values("shm", "tcp"));
 
 // libfabric 1.17's shm: a client killed while it holds the lock of its lane's shared-memory
-// region (tests/provider/die_holding_lock.cpp, told by SIGUSR1 mid-transfer) leaves the server's
-// data thread spinning inside the provider for good, on its next WRITE to that client. The server
-// drops the client, leaves the thread at idle priority, and gives back the session's source memory:
-// with
-// --server-memory room for one session, the next client is served, not refused. (This is how
-// the 8-minute soak on 16 cores once filled the server.) Should the thread not be caught all the
-// same (the client merely silent), the scenario is tried again. 2.x takes no such
-// lock: the client is killed by the test instead, and the next one is served all the same.
-TEST(StuckSession, GivesItsSourceMemoryBack) {
+// region (tests/provider/die_holding_lock.cpp, told by SIGUSR1 mid-transfer) leaves the lock held
+// for good, and the server's next WRITE to that client waits on it inside the provider. The
+// server's own pthread_spin_lock (common/shm_lock.cpp) takes the lock over after its patience:
+// the data thread comes back, the client is dropped, its session closes whole (no thread left
+// in the provider), and with --server-memory room for one session the next client is served.
+// Should the thread not meet the lock (the client merely silent), the scenario is tried again.
+// 2.x takes no such lock: the client is killed by the test instead, and the next one is served
+// all the same.
+TEST(DeadClientsLock, IsTakenOverAndTheSessionClosesWhole) {
   // 4 KiB pages: shm completes such a WRITE once it is queued, so the server's thread keeps
   // posting, and meets the dead client's lock. (With 64 KiB pages it waits for the client's
   // answers, and when its window was full as the client died it posted nothing more: 1 run in
@@ -380,15 +380,21 @@ TEST(StuckSession, GivesItsSourceMemoryBack) {
     }
     ASSERT_TRUE(WaitForOutput(server->process(), "client 1 lost: ", 60s))
         << server->process().Output();
-    // Stop gives a thread 2 s to come back before it is left behind.
-    if (!wedges ||
-        WaitForOutput(server->process(),
-                      "client 1: a thread stuck in the provider is left at idle priority", 10s))
+    if (!wedges || WaitForOutput(server->process(),
+                                 "warning: took over the lock of shm region /dev/shm/", 10s))
       break;
-    ASSERT_LT(attempt, 4) << "the server's data thread was never caught by the dead client's "
-                             "lock\n"
+    ASSERT_LT(attempt, 4) << "the server's data thread never met the dead client's lock\n"
                           << server->process().Output();
   }
+  const std::string log = server->process().Output();
+  if (wedges) {
+    EXPECT_NE(log.find(":0:1, held for 2 s: its holder died holding it (libfabric 1.17's shm)"),
+              std::string::npos)
+        << log;
+  }
+  // The session closed whole: its thread said what it used, none was left in the provider.
+  EXPECT_EQ(log.find("still in the provider"), std::string::npos) << log;
+  EXPECT_EQ(log.find("left at idle priority"), std::string::npos) << log;
   std::vector<std::string> next = transfer;
   next.insert(next.end(), {"--repeat", "2"});
   Result r = RunClient(kStage, "shm", server->address(), next);

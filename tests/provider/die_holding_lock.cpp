@@ -1,12 +1,12 @@
 // die_holding_lock.so: makes any program die as shm_faults' `lock` peer does, for tests of the
 // stages themselves (tests/e2e/engine_test.cpp). Preloaded (LD_PRELOAD), it waits for SIGUSR1;
-// from then on, the process kills itself (SIGKILL) holding the first lock it takes in a shm
-// region whose /dev/shm file name ends with DIE_HOLDING_SHM_LOCK_IN (":0:1", a 07 client's
-// first lane; ":0:0" is its control endpoint; unset: any region). A signal, not a time, so that
-// the test chooses the moment (mid-transfer) however slowly a loaded host starts the program.
+// from then on, the process kills itself (SIGKILL) holding the first lock it is about to
+// release in a shm region whose /dev/shm file name ends with DIE_HOLDING_SHM_LOCK_IN (":0:1", a 07
+// client's first lane; ":0:0" is its control endpoint; unset: any region). A signal, not a time, so
+// that the test chooses the moment (mid-transfer) however slowly a loaded host starts the program.
 // Over libfabric 1.17's shm, every later send or WRITE to that region then spins inside the
-// provider for good (tests/provider/shm_faults.cpp, locked-peer). 2.x takes no such lock: the
-// process lives.
+// provider (for good in a program of its own, tests/provider/shm_faults.cpp, locked-peer; for
+// common/shm_lock.cpp's patience in the stages). 2.x takes no such lock: the process lives.
 #include <dlfcn.h>
 #include <pthread.h>
 #include <signal.h>
@@ -47,14 +47,15 @@ bool Chosen(const std::string& file) {
 
 }  // namespace
 
-extern "C" int pthread_spin_lock(pthread_spinlock_t* lock) {
-  using Lock = int (*)(pthread_spinlock_t*);
-  static const Lock real = reinterpret_cast<Lock>(dlsym(RTLD_NEXT, "pthread_spin_lock"));
-  const int rc = real(lock);
+// The hook is the unlock, not the lock: the stages define pthread_spin_lock themselves
+// (common/shm_lock.cpp), and an executable's definition is found before a preloaded one's.
+extern "C" int pthread_spin_unlock(pthread_spinlock_t* lock) {
+  using Unlock = int (*)(pthread_spinlock_t*);
+  static const Unlock real = reinterpret_cast<Unlock>(dlsym(RTLD_NEXT, "pthread_spin_unlock"));
   if (armed && Chosen(SharedMemoryFileOf(lock))) {
     static const char said[] = "die_holding_lock: killed holding a lock in shared memory\n";
     (void)!write(STDERR_FILENO, said, sizeof(said) - 1);
     raise(SIGKILL);
   }
-  return rc;
+  return real(lock);
 }

@@ -1,0 +1,79 @@
+// A spinlock in shared memory that its holder died with is taken over, not waited on for good.
+//
+// libfabric 1.17's shm guards each endpoint's region (a file in /dev/shm that every peer maps)
+// with a pthread spinlock that lives in the region itself: the owner takes it in each progress
+// call with work to do, a sender before it queues anything (smr_generic_rma, smr_generic_sendmsg).
+// A process killed while it holds one never releases it, and the next WRITE or send to that
+// region spins inside the provider for good (tests/provider/shm_faults.cpp, locked-peer): the
+// calling thread was lost, and with it a data thread of 07, or the whole server of 03-06.
+//
+// So every program defines pthread_spin_lock itself. libfabric's calls bind to this definition
+// before glibc's (the dynamic linker looks in the executable first), and it behaves as glibc's
+// but for one case: a lock that lives in a /dev/shm mapping and stays held for
+// kShmLockPatienceSeconds is taken as its dead holder's. The caller goes on as if it had taken
+// it, and its pthread_spin_unlock frees it. Nothing a live process does in shm holds that lock
+// for more than microseconds; a process stopped (SIGSTOP) while holding it for that long is
+// treated as dead, and whatever it does on waking it does to its own region, which its peers
+// trust anyway (any local process of the same user can already write into it). 2.x's shm takes
+// no such lock, and tcp none at all: there this is glibc's spinlock with one more call.
+#include "shm_lock.hpp"
+
+#include <pthread.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <string>
+
+#include "shared_memory.hpp"
+
+namespace common {
+namespace {
+
+std::atomic<uint64_t> taken_over{0};
+
+inline void CpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+// Spins until `lock` is ours, or until it has been held for the patience in shared memory.
+int WaitForLock(pthread_spinlock_t* lock) {
+  using Clock = std::chrono::steady_clock;
+  const auto started = Clock::now();
+  const auto patience = std::chrono::duration<double>(kShmLockPatienceSeconds);
+  bool looked = false;  // asked only once the wait is long: reading the maps is slow
+  std::string file;     // the /dev/shm file the lock lives in, "" for a process's own lock
+  for (uint64_t spins = 1;; ++spins) {
+    if (pthread_spin_trylock(lock) == 0) return 0;
+    CpuRelax();
+    if (spins % 4096 != 0) continue;
+    const auto waited = Clock::now() - started;
+    if (waited < std::chrono::milliseconds(100)) continue;
+    if (!looked) file = SharedMemoryFileOf(lock);
+    looked = true;
+    if (file.empty() || waited < patience) continue;
+    taken_over.fetch_add(1);
+    const std::string line = "warning: took over the lock of shm region " + file + ", held for " +
+                             std::to_string(static_cast<int>(patience.count())) +
+                             " s: its holder died holding it (libfabric 1.17's shm)\n";
+    [[maybe_unused]] ssize_t n = write(STDOUT_FILENO, line.data(), line.size());
+    return 0;  // held as the dead holder left it; the caller's unlock frees it
+  }
+}
+
+}  // namespace
+
+uint64_t ShmLocksTakenOver() {
+  return taken_over.load();
+}
+
+}  // namespace common
+
+extern "C" int pthread_spin_lock(pthread_spinlock_t* lock) {
+  if (pthread_spin_trylock(lock) == 0) return 0;
+  return common::WaitForLock(lock);
+}
