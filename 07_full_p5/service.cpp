@@ -250,7 +250,10 @@ int Serve(const Options& options, const fi_info& control, WaitMode wait, Engine&
         const uint64_t number = ++arrivals;
         // Whoever names a connected client's control address cannot be answered without
         // answering that client: dropped. Whoever names its lanes would have us write into
-        // its region with its keys: refused.
+        // its region with its keys: not answered while that session lasts. No two live
+        // endpoints share an address, so either that client has died and its address (a tcp
+        // port) went to this one, whose CONNECT, sent again, is answered once the dead
+        // session has ended; or this one claims a live client's memory, and waits in vain.
         for (auto it = clients.begin(); it != clients.end();) {  // a client that said BYE
           const Client& other = (it++)->second;                  // and comes again
           if (other.reply == reply && other.leaving) close(other.number, "done");
@@ -263,8 +266,7 @@ int Serve(const Options& options, const fi_info& control, WaitMode wait, Engine&
             for (size_t k = 0; k < connect->lanes.size() && claim.empty(); ++k)
               if (connect->lanes[k].address == other.lanes[l])
                 claim = "lane " + std::to_string(k) + " is lane " + std::to_string(l) +
-                        " of client " + std::to_string(n) +
-                        ": a client's lanes, regions and keys are its own";
+                        " of client " + std::to_string(n);
         }
         if (impostor) {
           std::printf(
@@ -279,7 +281,10 @@ int Serve(const Options& options, const fi_info& control, WaitMode wait, Engine&
           close(old->second, "lost: replaced by a new CONNECT from its address");
         mail.Seal(id, token);  // our answers carry the client's own token back
         if (!claim.empty()) {
-          refuse(id, number, 0, claim);
+          std::printf(
+              "client %llu: its CONNECT waits: its %s, whose session has not ended (a "
+              "client's lanes, regions and keys are its own)\n",
+              static_cast<unsigned long long>(number), claim.c_str());
           departed[id] = Clock::now();
           continue;
         }

@@ -1,10 +1,13 @@
 // A spinlock in shared memory that its holder died with is taken over, not waited on for good.
 //
-// libfabric 1.17's shm guards each endpoint's region (a file in /dev/shm that every peer maps)
-// with a pthread spinlock that lives in the region itself: the owner takes it in each progress
-// call with work to do, a sender before it queues anything (smr_generic_rma, smr_generic_sendmsg).
-// A process killed while it holds one never releases it, and the next WRITE or send to that
-// region spins inside the provider for good (tests/provider/shm_faults.cpp, locked-peer): the
+// libfabric's shm keeps each endpoint's queues in a region (a file in /dev/shm that every peer
+// maps), and guards some of it with pthread spinlocks that live in the region itself. 1.17: the
+// region's lock, which the owner takes in each progress call with work to do and a sender
+// before it queues anything (smr_generic_rma, smr_generic_sendmsg). 2.6: the lock of its
+// inject buffers (fs_lock), which a sender takes to borrow one for a message or WRITE too long
+// to travel in the command, and the owner to give it back as it reads it. A process killed
+// while it holds one never releases it, and the next WRITE or send to that region that needs
+// it spins inside the provider for good (tests/provider/shm_faults.cpp, locked-peer): the
 // calling thread was lost, and with it a data thread of 07, or the whole server of 03-06.
 //
 // So every program defines pthread_spin_lock itself. libfabric's calls bind to this definition
@@ -14,8 +17,8 @@
 // it, and its pthread_spin_unlock frees it. Nothing a live process does in shm holds that lock
 // for more than microseconds; a process stopped (SIGSTOP) while holding it for that long is
 // treated as dead, and whatever it does on waking it does to its own region, which its peers
-// trust anyway (any local process of the same user can already write into it). 2.x's shm takes
-// no such lock, and tcp none at all: there this is glibc's spinlock with one more call.
+// trust anyway (any local process of the same user can already write into it). Elsewhere (tcp,
+// and shm 2.0-2.5, whose regions hold no lock) this is glibc's spinlock with one more call.
 #include "shm_lock.hpp"
 
 #include <pthread.h>
@@ -59,7 +62,7 @@ int WaitForLock(pthread_spinlock_t* lock) {
     taken_over.fetch_add(1);
     const std::string line = "warning: took over the lock of shm region " + file + ", held for " +
                              std::to_string(static_cast<int>(patience.count())) +
-                             " s: its holder died holding it (libfabric 1.17's shm)\n";
+                             " s: its holder died holding it\n";
     [[maybe_unused]] ssize_t n = write(STDOUT_FILENO, line.data(), line.size());
     return 0;  // held as the dead holder left it; the caller's unlock frees it
   }

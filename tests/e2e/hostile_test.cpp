@@ -507,14 +507,64 @@ TEST_P(HostileService, ForgedMessagesToAClient) {
   server.Stop();
 }
 
+// 17. A CONNECT that claims a connected client's lane: answered, it would have the server write
+// into that client's region with its keys. It is not answered while the client's session
+// lasts (a tcp port is only reused once its owner is gone), and the client verifies every byte.
+TEST_P(HostileService, ConnectClaimingAClientsLaneWaits) {
+  Attacked server("07_full_p5", provider());
+  ASSERT_FALSE(server.address().empty());
+  bool whole_attack = false;
+  for (int repeat : {200, 800, 3200}) {  // until the victim outlives the attack
+    TempDir dir;
+    const std::string lanes = dir.path() + "/lanes";
+    std::vector<std::string> argv = {StageBinary("07_full_p5")};
+    for (auto& a : ProviderArgs(provider())) argv.push_back(a);
+    argv.push_back(server.address());
+    for (auto& a : std::vector<std::string>{"--memory", "host", "-S", "64k", "--pages", "256",
+                                            "--requests", "1", "--repeat", std::to_string(repeat),
+                                            "--address-file", lanes, "--json"})
+      argv.push_back(a);
+    const size_t earlier = server.process().Output().size();  // the last round's lines
+    Process victim(argv);
+    ASSERT_FALSE(WaitForLine(lanes, 20s).empty());
+    // The claim comes once the victim is in: one that came first would take its lane.
+    for (const auto end = Clock::now() + 30s;
+         server.process().Output().find(" connected: ", earlier) == std::string::npos;) {
+      ASSERT_LT(Clock::now(), end) << server.process().Output();
+      std::this_thread::sleep_for(20ms);
+    }
+    const size_t before = server.process().Output().size();
+    std::vector<std::string> attack = {HostilePeer()};
+    for (auto& a : ProviderArgs(provider())) attack.push_back(a);
+    attack.insert(attack.end(),
+                  {server.address(), "claim-lane", "--victim", lanes, "--seconds", "3"});
+    Result claimer = RunToEnd(attack, 60s);
+    EXPECT_EQ(claimer.exit_code, 0) << claimer.out << claimer.err;
+    const std::string during = server.process().Output().substr(before);
+    whole_attack = during.find(" done: ") == std::string::npos;  // the victim's session lasted
+    Result r = victim.Wait(300s);
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err << "--- the server:\n" << server.process().Output();
+    EXPECT_EQ(NumberAfter(r.out, "\"verified_bytes\":"), 256LL * 65536) << r.out;
+    if (!whole_attack) continue;
+    EXPECT_NE(claimer.out.find("naming the victim's lane; 0 answers"), std::string::npos)
+        << claimer.out;
+    const size_t waits = during.find("its CONNECT waits: its lane 0 is lane 0 of client ");
+    EXPECT_NE(waits, std::string::npos) << during;
+    EXPECT_NE(during.find(", whose session has not ended", waits), std::string::npos) << during;
+    break;
+  }
+  EXPECT_TRUE(whole_attack) << "the victim never outlived the attack";
+  server.Stop();
+}
+
 INSTANTIATE_TEST_SUITE_P(Providers, HostileService, ::testing::Values("shm", "tcp"));
 
 // 12. A client killed mid-transfer: 03 was once stuck for good, and 05's next client timed
 // out. Both serve the next client now. Over shm the client dies holding a lock of its
 // shared-memory region (tests/provider/die_holding_lock.cpp, told by SIGUSR1): libfabric 1.17
-// then leaves the region locked for good, and the server's next WRITE to it waits inside the
-// provider until the server's own pthread_spin_lock takes the lock over (common/shm_lock.cpp);
-// 2.x takes no such lock, and the client is killed by the test instead.
+// and 2.6 then leave it locked for good, and the server's next WRITE to it waits inside the
+// provider until the server's own pthread_spin_lock takes the lock over (common/shm_lock.cpp).
+// A libfabric whose shm takes no such lock lets the client live, and the test kills it.
 class KilledMidTransfer : public Hostile {};
 
 TEST_P(KilledMidTransfer, NextClientIsServed) {
@@ -545,14 +595,14 @@ TEST_P(KilledMidTransfer, NextClientIsServed) {
     std::this_thread::sleep_for(500ms);  // well into its transfer
     if (shm) {
       doomed.Signal(SIGUSR1);
-      Result d = doomed.Wait(3s);  // 2.x: no such lock, so it lives until killed
+      Result d = doomed.Wait(3s);  // without such a lock it lives until killed
       died_holding = d.err.find("die_holding_lock: killed holding a lock in shared memory") !=
                      std::string::npos;
     }
     doomed.Signal(SIGKILL);
   }
   if (shm) {
-    EXPECT_EQ(died_holding, fi_version() < FI_VERSION(2, 0));
+    EXPECT_EQ(died_holding, ShmPeersTakeLocks());
   }
   Result next = RunClient(stage(), provider(), server.address(), Normal(stage()), 60s);
   EXPECT_EQ(next.exit_code, 0) << next.out << next.err << server.process().Output();
@@ -642,18 +692,17 @@ TEST(ProviderFault, ShmFirstMessageOfAClosedPeer) {
       << done.out;
 }
 
-// The shm 1.17 fault behind "a data thread has been stuck in the provider" (07's session.cpp),
-// with no project code: a peer killed while it holds the spinlock of its shared-memory region
-// never releases it, and the next send to it spins for good (exit 3, "wedged"). 2.x has no
-// such lock and returns. Should a 1.x build stop wedging, this fails and the warning can go.
+// The shm fault that common/shm_lock.cpp takes care of, with no project code: a peer killed
+// while it holds a spinlock of its shared-memory region (1.17: the region's; 2.6: its inject
+// buffers') never releases it, and the next send to it spins for good (exit 3, "wedged").
+// A libfabric whose peer takes no such lock returns. Should one that has it stop wedging,
+// this fails, and the docs that name the fault must say so.
 TEST(ProviderFault, ShmSendToAPeerKilledHoldingItsLock) {
   Result r = RunShmFault("locked-peer", "the peer is dead (SIGKILL)");
-  if (r.out.find("libfabric 1.") != std::string::npos) {
+  if (ShmPeersTakeLocks()) {
     EXPECT_NE(r.out.find("peer: killed holding a lock in shared memory"), std::string::npos)
         << r.out;
-    EXPECT_EQ(r.exit_code, 3) << "libfabric 1.x's shm no longer wedges here: common/"
-                              << "departures.hpp need not warn of it\n"
-                              << r.out << r.err;
+    EXPECT_EQ(r.exit_code, 3) << "this libfabric's shm no longer wedges here\n" << r.out << r.err;
     EXPECT_NE(r.out.find("wedged: fi_send to the killed peer has not returned"), std::string::npos)
         << r.out;
   } else {

@@ -336,7 +336,8 @@ int main(int argc, char** argv) {
                  "Bound of every loop (getting in, the first SEND and an answered CONNECT, gets "
                  "at least 30 s more)");
   app.add_option("--hold", hold, "flood: seconds its clients stay after the answers");
-  app.add_option("--victim", victim, "stranger-write: a file with the victim's lane addresses");
+  app.add_option("--victim", victim,
+                 "stranger-write, forge-client, claim-lane: a file with the victim's addresses");
   if (int rc = ParseCommandLine(app, argc, argv); rc >= 0) return rc;
   return RunProgram("hostile_peer", [&]() -> int {
     setvbuf(stdout, nullptr, _IOLBF, 0);
@@ -630,6 +631,26 @@ int main(int argc, char** argv) {
       if (!SendMessage(*p, wire::Bye{}, deadline)) throw Error(p->last_error);
       std::printf("malformed: sent %zu messages (%zu kinds, twice), %zu answers\n", sent,
                   Malformed(*p).size(), p->received - before);
+      Leave(0);
+    }
+    if (what == "claim-lane") {
+      // A CONNECT from an endpoint of our own whose lane is the victim's first lane, sent again
+      // and again as a client sends its own, for --seconds: answered, it would have the server
+      // write into the victim's region with the victim's keys.
+      auto addresses = ReadAddressList(victim);
+      auto p = Open(options, server, true);
+      wire::Connect c = ConnectOf(*p, 1 << 20, addresses[0]);
+      c.reply = p->Address();
+      common::ConnectRepeat again;
+      uint64_t sent = 0;
+      while (Clock::now() < deadline) {
+        if (again.Due()) sent += SendMessage(*p, c, deadline);
+        Poll(*p);
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+      }
+      std::printf("claim-lane: sent %llu CONNECTs naming the victim's lane; %zu answers%s%s\n",
+                  static_cast<unsigned long long>(sent), p->received,
+                  p->last_text.empty() ? "" : ", the last: ", p->last_text.c_str());
       Leave(0);
     }
     if (what == "stranger-write") {

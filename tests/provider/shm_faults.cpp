@@ -29,17 +29,19 @@
 // 2.x checks the mapping and drops the request. Nothing the receiver does before fi_cq_read
 // can avoid it: any local process that sends one message and exits before we read it ends us.
 //
-// locked-peer: does a send to a peer return when the peer was killed while it held the lock
+// locked-peer: does a send to a peer return when the peer was killed while it held a lock
 // of its shared-memory region? libfabric 1.17 guards each region with a pthread spinlock that
 // lives in the region itself: the owner takes it on every progress call (smr_progress_cmd),
 // a sender takes it before queuing anything (smr_generic_sendmsg; a WRITE, smr_generic_rma,
-// the same). A peer killed while it held it never releases it, and the next fi_send or
-// fi_write to that peer spins for good: the calling thread is lost. 2.x has no such lock (its
-// queues are lock-free) and returns. Here the peer is made to die holding it: this program's
+// the same). libfabric 2.6 has lock-free queues, but a region's inject buffers are a free
+// stack under a spinlock in the region (fs_lock, new in 2.6.0; 2.0-2.5 have none): a sender
+// takes one of the peer's for each message or WRITE too long to travel in the command, and
+// the peer takes the lock to give it back as it reads it. A peer killed while it holds either
+// never releases it, and the next fi_send or fi_write to that peer that needs it spins for
+// good: the calling thread is lost. Here the peer is made to die holding it: this program's
 // pthread_spin_lock, which libfabric's calls reach first, kills the peer once it has taken a
-// lock that lives in /dev/shm. Nothing can free that thread; the 07 server notices it (a
-// data thread that has not gone round its loop for --peer-timeout), drops the client, and
-// leaves the thread at idle priority with its session's memory.
+// lock that lives in /dev/shm, and 1 KiB messages make it take one. Nothing frees that
+// thread here; the stages take such a lock over after 2 s (common/shm_lock.cpp).
 //
 //   shm_faults [long-message|killed-peer|closed-peer|locked-peer]   the receiver: starts the
 //                                                  peer, prints what happened, exit 0
@@ -367,13 +369,16 @@ int LockedPeer(const char* self) {
   // after the peer was dead, once that returns.
   std::atomic<bool> peer_dead{false}, returned{false};
   std::thread sender([&] {
-    char one = 1;
+    // 1 KiB: more than fits in a command, so each one takes an inject buffer of the peer's,
+    // which it returns as it reads them (2.x takes the lock there).
+    std::vector<char> message(1024, 1);
     std::vector<fi_context2> contexts(100000);
     size_t next = 0;
     const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
     while (std::chrono::steady_clock::now() < end && next < contexts.size()) {
       const bool after_death = peer_dead;
-      const ssize_t rc = fi_send(e.ep, &one, 1, nullptr, peer, &contexts[next]);
+      const ssize_t rc =
+          fi_send(e.ep, message.data(), message.size(), nullptr, peer, &contexts[next]);
       if (after_death) break;
       if (rc == 0) ++next;
       PollOne(e, 0.001);

@@ -2,6 +2,7 @@
 // it prints, wait for it with a deadline, and never leave it running.
 #pragma once
 
+#include <rdma/fabric.h>
 #include <sys/types.h>
 
 #include <chrono>
@@ -10,6 +11,14 @@
 #include <vector>
 
 namespace testing_support {
+
+// Whether this libfabric's shm has a spinlock in each region that the region's owner takes
+// and that a sender to it then needs (tests/provider/shm_faults.cpp, locked-peer): 1.17's
+// region lock, 2.6's inject-buffer lock (new in 2.6.0). 2.0-2.5 have neither; 1.18-1.22 were
+// not tried.
+inline bool ShmPeersTakeLocks() {
+  return fi_version() < FI_VERSION(1, 18) || fi_version() >= FI_VERSION(2, 6);
+}
 
 struct Result {
   int exit_code = -1;  // -1: killed by a signal or by the deadline
