@@ -43,12 +43,15 @@
 // lock that lives in /dev/shm, and 1 KiB messages make it take one. Nothing frees that
 // thread here; the stages take such a lock over after 2 s (common/shm_lock.cpp).
 //
-//   shm_faults [long-message|killed-peer|closed-peer|locked-peer]   the receiver: starts the
-//                                                  peer, prints what happened, exit 0
-//                                                  (long-message by default)
-//   shm_faults peer HEX | stay HEX | close HEX | lock HEX   (started by the receiver)
+// strangers: does a peer the receiver knows still reach it after many processes it never
+// inserted into its AV have each sent it one message? 2.6: no, after 256 (every place of shm's
+// peer table taken, the next sender gets a known peer's); 1.17: yes.
+//
+//   shm_faults [long-message|killed-peer|closed-peer|locked-peer|strangers]
+//       the receiver: starts the peers, prints what happened (long-message by default)
+//   shm_faults peer HEX | stay HEX | close HEX | lock HEX | echo HEX   (started by the receiver)
 // It prints "libfabric X.Y", then "survived" (exit 0); a crash ends it by SIGSEGV, a wedge
-// by "wedged" and exit 3.
+// by "wedged" and exit 3, a known peer no longer answered by exit 3.
 #include <rdma/fabric.h>
 #include <rdma/fi_cm.h>
 #include <rdma/fi_domain.h>
@@ -257,6 +260,24 @@ int Peer(const std::string& hex, const std::string& mode) {
     std::this_thread::sleep_for(std::chrono::seconds(30));
     return 0;
   }
+  if (mode == "echo") {  // answers each message with one byte, until killed
+    std::vector<uint8_t> in(64 * 1024);
+    fi_context2 rx;
+    char one = 1;
+    Check(static_cast<int>(fi_recv(e.ep, in.data(), in.size(), nullptr, FI_ADDR_UNSPEC, &rx)),
+          "fi_recv");
+    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+    while (std::chrono::steady_clock::now() < end) {
+      fi_cq_data_entry entry;
+      if (fi_cq_read(e.cq, &entry, 1) == 1 && (entry.flags & FI_RECV)) {
+        Check(static_cast<int>(fi_recv(e.ep, in.data(), in.size(), nullptr, FI_ADDR_UNSPEC, &rx)),
+              "fi_recv");
+        while (fi_send(e.ep, &one, 1, nullptr, to, &ctx[1]) == -FI_EAGAIN) PollOne(e, 0.001);
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+    return 0;
+  }
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
   // Then a long one from the same endpoint, to a receiver that no longer knows us.
   while (fi_send(e.ep, big.data(), big.size(), nullptr, to, &ctx[1]) == -FI_EAGAIN)
@@ -410,19 +431,88 @@ int LockedPeer(const char* self) {
 
 }  // namespace
 
+// Sends one byte to `peer` and waits up to 2 s for its one-byte answer (the echo peer's).
+bool Answers(Ep& e, std::vector<uint8_t>& buffer, fi_context2& rx, fi_addr_t peer) {
+  char one = 1;
+  fi_context2 tx;
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  while (fi_send(e.ep, &one, 1, nullptr, peer, &tx) == -FI_EAGAIN)
+    if (!PollOne(e, 0.001) && std::chrono::steady_clock::now() > end) return false;
+  while (std::chrono::steady_clock::now() < end) {
+    fi_cq_data_entry entry;
+    ssize_t n = fi_cq_read(e.cq, &entry, 1);
+    if (n == 1 && (entry.flags & FI_RECV)) {
+      PostRecv(e, buffer, rx);
+      return true;
+    }
+    if (n == -FI_EAVAIL) {
+      fi_cq_err_entry err{};
+      fi_cq_readerr(e.cq, &err, 0);
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+  return false;
+}
+
+// strangers: does a peer the receiver knows still reach it after many processes it never
+// inserted into its AV have each sent it one message? shm maps every sender that writes to
+// it, whether or not the receiver ever names it, and frees that place in its table of 256
+// peers only when the receiver removes the sender from its AV, which a receiver can do only
+// for a sender it inserted.
+int Strangers(const char* self) {
+  std::vector<uint8_t> buffer;
+  fi_context2 rx;
+  Ep e = OpenReceiver(buffer, rx);
+  pid_t echo = 0;
+  fi_addr_t peer = FI_ADDR_UNSPEC;
+  if (!StartAndInsertPeer(self, "echo", e, buffer, &echo, &peer)) return 1;
+  PostRecv(e, buffer, rx);
+  if (!Answers(e, buffer, rx, peer)) {
+    std::printf("the echo peer never answered\n");
+    kill(echo, SIGKILL);
+    return 1;
+  }
+  std::printf("the echo peer answers\n");
+  int status = 0, rc = 0, strangers = 0;
+  constexpr int kBatch = 8;  // started together: each sends its name, then waits to be killed
+  while (strangers < 264 && rc == 0) {
+    std::vector<pid_t> batch;
+    for (int i = 0; i < kBatch; ++i) batch.push_back(StartPeer(self, "stay", e));
+    int read = 0;
+    for (; read < kBatch && FirstMessage(e); ++read) PostRecv(e, buffer, rx);
+    for (pid_t one : batch) {
+      kill(one, SIGKILL);
+      Reap(one, &status);
+    }
+    strangers += read;
+    if (read < kBatch) {
+      std::printf("only %d of %d strangers were heard\n", read, kBatch);
+      rc = 1;
+    } else if (!Answers(e, buffer, rx, peer)) {
+      std::printf("after %d strangers, the echo peer no longer answers\n", strangers);
+      rc = 3;
+    }
+  }
+  if (rc == 0)
+    std::printf("after %d strangers, the echo peer still answers\nsurvived\n", strangers);
+  kill(echo, SIGKILL);
+  Reap(echo, &status);
+  return rc;
+}
+
 int main(int argc, char** argv) {
   setvbuf(stdout, nullptr, _IOLBF, 0);
   if (argc == 3) {
     const std::string mode = argv[1];
-    if (mode == "peer" || mode == "stay" || mode == "close" || mode == "lock")
+    if (mode == "peer" || mode == "stay" || mode == "close" || mode == "lock" || mode == "echo")
       return Peer(argv[2], mode);
   }
   const std::string scenario = argc > 1 ? argv[1] : "long-message";
   if (scenario != "long-message" && scenario != "killed-peer" && scenario != "closed-peer" &&
-      scenario != "locked-peer") {
+      scenario != "locked-peer" && scenario != "strangers") {
     std::fprintf(stderr,
-                 "shm_faults: invalid scenario '%s' (long-message, killed-peer, closed-peer "
-                 "or locked-peer)\n",
+                 "shm_faults: invalid scenario '%s' (long-message, killed-peer, closed-peer, "
+                 "locked-peer or strangers)\n",
                  scenario.c_str());
     return 2;
   }
@@ -430,5 +520,6 @@ int main(int argc, char** argv) {
   if (scenario == "killed-peer") return KilledPeer(argv[0]);
   if (scenario == "closed-peer") return ClosedPeer(argv[0]);
   if (scenario == "locked-peer") return LockedPeer(argv[0]);
+  if (scenario == "strangers") return Strangers(argv[0]);
   return LongMessage(argv[0]);
 }
