@@ -607,7 +607,10 @@ TEST_P(KilledMidTransfer, NextClientIsServed) {
   Result next = RunClient(stage(), provider(), server.address(), Normal(stage()), 60s);
   EXPECT_EQ(next.exit_code, 0) << next.out << next.err << server.process().Output();
   EXPECT_EQ(NumberAfter(next.out, "verified "), Verified(stage())) << next.out;
-  if (died_holding) {
+  // 1.17: every post to the client takes its region's lock, so the server meets it. 2.6: only a
+  // post that finds room in the client's queue goes on to its inject buffers' lock; one CI run
+  // found the queue full first ("no WRITE completed in time", no takeover), which is fine.
+  if (died_holding && fi_version() < FI_VERSION(1, 18)) {
     EXPECT_NE(server.process().Output().find("warning: took over the lock of shm region /dev/shm/"),
               std::string::npos)
         << server.process().Output();
