@@ -24,7 +24,6 @@
 #include <pthread.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <chrono>
 #include <string>
 
@@ -32,8 +31,6 @@
 
 namespace common {
 namespace {
-
-std::atomic<uint64_t> taken_over{0};
 
 inline void CpuRelax() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -59,7 +56,6 @@ int WaitForLock(pthread_spinlock_t* lock) {
     if (!looked) file = SharedMemoryFileOf(lock);
     looked = true;
     if (file.empty() || waited < patience) continue;
-    taken_over.fetch_add(1);
     const std::string line = "warning: took over the lock of shm region " + file + ", held for " +
                              std::to_string(static_cast<int>(patience.count())) +
                              " s: its holder died holding it\n";
@@ -69,10 +65,6 @@ int WaitForLock(pthread_spinlock_t* lock) {
 }
 
 }  // namespace
-
-uint64_t ShmLocksTakenOver() {
-  return taken_over.load();
-}
 
 }  // namespace common
 
