@@ -102,6 +102,11 @@ void OpenLanes(Worker& w) {
                   (s.On(wire::kEngineNuma) ? ", memory on node " + std::to_string(w.group->numa)
                                            : ", memory anywhere");
 }
+// A counter only its thread writes and the control thread reads: a plain load and store, not
+// a locked read-modify-write (twice per WRITE).
+void Add(std::atomic<uint64_t>& counter, int64_t n) {
+  counter.store(counter.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
+}
 // A WRITE's slot in the window, and its completion counted. Without sharding: the session's
 // window and counters, behind its lock; each thread still takes no more than its lanes'
 // share, so none starves the others.
@@ -112,22 +117,23 @@ Op* TakeOp(Worker& w) {
     if (w.free_ops.empty()) return nullptr;
     Op* op = w.free_ops.back();
     w.free_ops.pop_back();
-    ++w.in_flight;
+    Add(w.in_flight, 1);
     return op;
   }
   // </rung shard>
   SharedState& shared = w.session->shared;
   std::lock_guard lock(shared.mutex);
   ++shared.locks;
-  if (w.in_flight >= w.session->engine.window * w.lane_count) return nullptr;
+  if (w.in_flight.load(std::memory_order_relaxed) >= w.session->engine.window * w.lane_count)
+    return nullptr;
   if (shared.free_ops.empty()) return nullptr;
   Op* op = shared.free_ops.back();
   shared.free_ops.pop_back();
-  ++w.in_flight;
+  Add(w.in_flight, 1);
   return op;
 }
 void CountWrite(Worker& w, Op* op) {
-  --w.in_flight;
+  Add(w.in_flight, -1);
   ++op->share->completed;
   // <rung shard>
   if (w.session->On(wire::kEngineShard)) {
@@ -199,6 +205,7 @@ void Flush(Worker& w, size_t lane) {
       if (!w.lanes[lane].PostWrite(*op, w.dest[lane], s.regions[w.first_lane + lane],
                                    op->remote_offset, op->share->request->transfer.request_id,
                                    more ? FI_MORE : 0)) {
+        Add(w.refused, 1);
         // <rung doorbell>
         if (i > 0) w.held_back[lane] = 1;
         // </rung doorbell>
@@ -345,9 +352,11 @@ void RunWorker(Worker& w) {
         const auto now = Clock::now();
         w.last_completion = now.time_since_epoch().count();
         last_work = now;
+        w.last_work.store(now.time_since_epoch().count(), std::memory_order_relaxed);
         FinishShares(w, now);
       } else if (w.shares.size() != shares) {
         last_work = Clock::now();
+        w.last_work.store(last_work.time_since_epoch().count(), std::memory_order_relaxed);
       }
       if (w.shares.empty()) {  // nothing to do: sleep until the control thread hands work over
         std::unique_lock lock(w.inbox_mutex);

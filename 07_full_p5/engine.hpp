@@ -50,6 +50,10 @@ inline constexpr const char* kProgram = "07_full_p5";
 inline constexpr size_t kRecvDepth = 8;  // receives each side keeps posted
 inline constexpr uint64_t kMaxRequestsInFlight = 64;
 inline constexpr uint32_t kWarmupRequest = 0xffffffff;  // the id of the untimed warmup request
+// A data thread that owes WRITEs and has seen none complete for this long is stalled: the
+// server says so once, with what the thread did meanwhile (Session::Poll). A live lane
+// completes a WRITE every few microseconds, a 1 Gbit/s one a 64 KiB WRITE every 0.5 ms.
+inline constexpr auto kStallTold = std::chrono::seconds(5);
 
 // One posted operation. libfabric hands `context` back in the completion (FI_CONTEXT2 mode
 // reserves it for the provider), and from it we find the whole Op again.
@@ -231,7 +235,10 @@ struct Worker {
   std::vector<std::vector<Op*>> riders;  // per lane: posted WRITEs that report no completion
   std::list<std::unique_ptr<Share>> shares;
   uint64_t writes = 0, bytes = 0;  // sharded counters, summed when reporting
-  uint64_t in_flight = 0;          // WRITEs of this thread's not yet completed
+  // WRITEs of this thread's taken from the window and not yet completed, and the posts the
+  // provider refused (-FI_EAGAIN): written by the thread only, read by the control thread
+  // when the WRITEs stop completing (Session::Poll says which of the three ways they stopped).
+  std::atomic<uint64_t> in_flight{0}, refused{0};
   // What each rung does, counted, so that a switch that changed nothing shows (README.md).
   uint64_t most_prepared = 0, posts = 0, doorbells = 0, posted_in_poll = 0, completions = 0;
   // Pinning's figure: how often the thread found itself on another core than in its last
@@ -248,7 +255,13 @@ struct Worker {
   std::atomic<uint64_t> rounds{0};
   uint64_t rounds_seen = 0;  // the control thread's: the count it saw last, and when
   Clock::time_point seen_at = Clock::now();
+  // The control thread's, at the thread's last completion: its rounds and refused posts then,
+  // and whether the stall since has been told.
+  Clock::rep completion_seen = 0;
+  uint64_t rounds_at_completion = 0, refused_at_completion = 0;
+  bool stall_told = false;
   std::atomic<Clock::rep> last_completion{Clock::now().time_since_epoch().count()};
+  std::atomic<Clock::rep> last_work{0};  // a WRITE completed or a share came: owed from then
   std::atomic<bool> exited{false};
   std::atomic<double> cpu_seconds{0};  // its CPU time, written as it ends
   std::atomic<pid_t> tid{0};

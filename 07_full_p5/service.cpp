@@ -160,6 +160,8 @@ int Serve(const Options& options, const fi_info& control, WaitMode wait, Engine&
                     static_cast<double>(done.fill_ns) / 1e6);
         mail.Send(c.control, done);
       }
+      for (const std::string& stall : report.stalls)
+        std::printf("client %llu: %s\n", static_cast<unsigned long long>(c.number), stall.c_str());
       const auto now = Clock::now();
       // Liveness counts from the last sign of life: a message, or a WRITE that completed.
       const auto last_sign = std::max(c.last_message, report.last_completion);

@@ -35,11 +35,13 @@ class Session {
   // Hands a validated request to the data threads; "" or why it cannot be served.
   virtual std::string Dispatch(wire::Transfer transfer) = 0;
   // What happened since the last call: requests finished, a failure (a WRITE failed, a data
-  // thread is stuck in the provider), and when a WRITE last completed.
+  // thread is stuck in the provider), when a WRITE last completed, and the threads whose
+  // WRITEs stopped completing, each told once per stall (what the thread did meanwhile).
   struct Report {
     std::vector<wire::Done> finished;
     std::string failure;
     Clock::time_point last_completion{};
+    std::vector<std::string> stalls;
   };
   virtual Report Poll() = 0;
   // Stops its threads, at most a few seconds, calling `meanwhile` every millisecond while it

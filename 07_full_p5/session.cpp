@@ -99,10 +99,37 @@ service::Session::Report Session::Poll() {
     report.failure = failure;
   }
   const auto limit = std::chrono::duration<double>(peer_timeout_s);
-  for (const auto& w : workers) {
-    if (const uint64_t rounds = w->rounds.load(); rounds != w->rounds_seen) {
+  for (size_t i = 0; i < workers.size(); ++i) {
+    Worker* w = workers[i].get();
+    const uint64_t rounds = w->rounds.load();
+    if (rounds != w->rounds_seen) {
       w->rounds_seen = rounds;
       w->seen_at = Clock::now();
+    }
+    // WRITEs owed and none completed for kStallTold since the last completion or new share
+    // (Worker::last_work): said once, with what the thread did
+    // since its last completion, which tells the three stalls apart: it went round without
+    // posting (the provider refused every post: its queue is full), it went round with every
+    // post taken (the provider or the peer holds the completions), or it did not go round
+    // (stuck inside a provider call).
+    const Clock::rep completed = w->last_work.load(std::memory_order_relaxed);
+    if (completed != w->completion_seen) {
+      w->completion_seen = completed;
+      w->rounds_at_completion = rounds;
+      w->refused_at_completion = w->refused.load(std::memory_order_relaxed);
+      w->stall_told = false;
+    }
+    const uint64_t owed = w->in_flight.load(std::memory_order_relaxed);
+    const auto quiet = Clock::now() - Clock::time_point{Clock::duration(completed)};
+    if (!w->stall_told && !w->exited && owed > 0 && quiet > kStallTold) {
+      w->stall_told = true;
+      report.stalls.push_back(
+          "thread " + std::to_string(i) + ": no WRITE has completed for " +
+          std::to_string(std::chrono::duration_cast<std::chrono::seconds>(quiet).count()) + " s, " +
+          std::to_string(owed) + " owed; since its last completion it went round " +
+          std::to_string(rounds - w->rounds_at_completion) + " times and the provider refused " +
+          std::to_string(w->refused.load(std::memory_order_relaxed) - w->refused_at_completion) +
+          " posts (-FI_EAGAIN)");
     }
     if (report.failure.empty() && !w->exited && Clock::now() - w->seen_at > limit)
       report.failure = "a data thread has been stuck in the provider for " +

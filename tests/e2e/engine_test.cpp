@@ -286,6 +286,41 @@ TEST_P(Engine, KilledClientIsCleanedUpWhileOthersFinish) {
   EXPECT_NE(done.out.find("client 3 done: "), std::string::npos) << done.out;
 }
 
+// A client that stops reading (SIGSTOP: a paused job) stalls its WRITEs: the server says so
+// once per thread, with what the thread did meanwhile, and the client, let go on, finishes
+// verified.
+TEST_P(Engine, StalledWritesAreToldOnce) {
+  StageServer server(kStage, provider(), 1,
+                     {"--memory", "host", "--nics", "2", "--peer-timeout", "60"});
+  ASSERT_FALSE(server.address().empty());
+  Process paused =
+      StartClient(server.address(), {"--memory", "host", "--nics", "2", "-S", "64k", "--pages",
+                                     "256", "--repeat", "200", "--timeout", "60"});
+  ASSERT_TRUE(WaitForOutput(paused, "progress:", 60s)) << paused.Output() << "--- the server:\n"
+                                                       << server.process().Output();
+  paused.Signal(SIGSTOP);
+  const bool told = WaitForOutput(server.process(), "no WRITE has completed for 5 s", 30s);
+  std::this_thread::sleep_for(1s);  // a second poll of the same stall says nothing
+  paused.Signal(SIGCONT);
+  ASSERT_TRUE(told) << server.process().Output();
+  Result r = paused.Wait(120s);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err << "--- the server:\n" << server.process().Output();
+  EXPECT_EQ(NumberAfter(r.out, "verified "), 256LL * 65536 * 4);  // 4 requests
+  Result done = server.Wait();
+  EXPECT_EQ(done.exit_code, 0) << done.err;
+  const std::string told_line = "client 1: thread 0: no WRITE has completed for 5 s, ";
+  const size_t at = done.out.find(told_line);
+  ASSERT_NE(at, std::string::npos) << done.out;
+  EXPECT_EQ(done.out.find(told_line, at + 1), std::string::npos) << done.out;  // once
+  const std::string line = done.out.substr(at, done.out.find('\n', at) - at);
+  EXPECT_GT(NumberAfter(line, "for 5 s, "), 0) << line;  // WRITEs owed
+  EXPECT_GE(NumberAfter(line, "it went round "), 0) << line;
+  EXPECT_GE(NumberAfter(line, "the provider refused "), 0) << line;
+  EXPECT_NE(line.find(" owed; since its last completion it went round "), std::string::npos)
+      << line;
+  EXPECT_NE(line.find(" posts (-FI_EAGAIN)"), std::string::npos) << line;
+}
+
 // A CONNECT that names another client's lane (to have the server write into its region with
 // its keys) is not answered while that client's session lasts; the owner is unharmed.
 TEST_P(Engine, AnotherClientsRegionIsNeverGiven) {
@@ -313,7 +348,7 @@ TEST_P(Engine, AnotherClientsRegionIsNeverGiven) {
             std::string::npos)
       << server.process().Output();
   Result r = owner.Wait(120s);
-  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err << "--- the server:\n" << server.process().Output();
   EXPECT_EQ(NumberAfter(r.out, "verified "), 1024LL * 65536 * 4);  // 4 requests
   EXPECT_EQ(server.Wait().exit_code, 0);
 }
