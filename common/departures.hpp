@@ -57,6 +57,16 @@ class Departures {
           "while it holds its region's lock; to face untrusted local processes or clients "
           "that may be killed, serve over tcp or with libfabric 2.x\n",
           FI_MAJOR(fi_version()), FI_MINOR(fi_version()), kShmLockPatienceSeconds);
+    // 2.6 (measured: tests/provider/shm_faults strangers; 1.17 holds): every process that
+    // writes to an endpoint takes one of its 256 peer places, given back only by fi_av_remove
+    // of an address the server inserted; a stranger's is never given back.
+    if (std::strcmp(info.fabric_attr->prov_name, "shm") == 0 && fi_version() >= FI_VERSION(2, 6))
+      std::printf(
+          "warning: libfabric %u.%u's shm keeps one of this server's 256 peer places for good "
+          "for each local process that writes to it unanswered; past 256 such strangers it "
+          "gives a client's place away and that client's messages go astray; to face "
+          "untrusted local processes, serve over tcp or restart this server now and then\n",
+          FI_MAJOR(fi_version()), FI_MINOR(fi_version()));
   }
 
   // Whether removals wait here instead of reaching the provider at once.

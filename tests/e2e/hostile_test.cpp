@@ -735,6 +735,16 @@ TEST(ProviderFault, ShmStrangersTakeAKnownPeersPlace) {
     EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
     EXPECT_NE(r.out.find("the echo peer still answers\nsurvived"), std::string::npos) << r.out;
   }
+  // And a server over shm says so when it starts, where the fault is (common/departures.hpp).
+  StageServer server("07_full_p5", "shm", 0);
+  ASSERT_FALSE(server.address().empty());
+  server.process().Signal(SIGTERM);
+  Result done = server.Wait(10s);
+  EXPECT_EQ(done.exit_code, 0) << done.out << done.err;
+  EXPECT_EQ(done.out.find("'s shm keeps one of this server's 256 peer places for good for each "
+                          "local process that writes to it unanswered") != std::string::npos,
+            fi_version() >= FI_VERSION(2, 6))
+      << done.out;
 }
 
 TEST(AddressFile, UnwritableSaysWhyAndDevicesStayDevices) {
