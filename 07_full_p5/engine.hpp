@@ -50,8 +50,9 @@ inline constexpr const char* kProgram = "07_full_p5";
 inline constexpr size_t kRecvDepth = 8;  // receives each side keeps posted
 inline constexpr uint64_t kMaxRequestsInFlight = 64;
 inline constexpr uint32_t kWarmupRequest = 0xffffffff;  // the id of the untimed warmup request
-// A data thread that owes WRITEs and has seen none complete for this long is stalled: the
-// server says so once, with what the thread did meanwhile (Session::Poll). A live lane
+// A data thread that owes WRITEs and has seen none complete for this long (or half of
+// --peer-timeout, if shorter) is stalled: the server says so once, with what the thread did
+// meanwhile (Session::Poll). A live lane
 // completes a WRITE every few microseconds, a 1 Gbit/s one a 64 KiB WRITE every 0.5 ms.
 inline constexpr auto kStallTold = std::chrono::seconds(5);
 

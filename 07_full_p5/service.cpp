@@ -80,6 +80,13 @@ int Serve(const Options& options, const fi_info& control, WaitMode wait, Engine&
   std::map<fi_addr_t, Clock::time_point> departed;  // control AV entries to remove
   std::vector<std::unique_ptr<Session>> stuck;      // a thread of theirs never returned
   uint64_t served = 0, arrivals = 0;
+  // CONNECTs left unanswered while the client whose lanes they name is served, by the address
+  // they answer to: the number each got and the client it waits on. Sent again every 0.5 s,
+  // each keeps its number and its one line; forgotten when that client's session ends.
+  struct Waiting {
+    uint64_t number = 0, on = 0;
+  };
+  std::map<std::vector<uint8_t>, Waiting> waiting;
 
   auto on_done = [&](const fi_cq_data_entry& done, fi_addr_t source) {
     ControlOp* op = reinterpret_cast<ControlOp*>(done.op_context);
@@ -132,6 +139,7 @@ int Serve(const Options& options, const fi_info& control, WaitMode wait, Engine&
     if (how.rfind("lost", 0) == 0) mail.Forget(c.control);
     by_source.erase(c.control);
     departed[c.control] = Clock::now();
+    std::erase_if(waiting, [&](const auto& w) { return w.second.on == number; });
     clients.erase(it);
     ++served;
     malloc_trim(0);  // what the session's endpoints and queues took goes back to the system
@@ -249,7 +257,6 @@ int Serve(const Options& options, const fi_info& control, WaitMode wait, Engine&
         if (auto it = by_source.find(id);
             it != by_source.end() && clients.at(it->second).connect_token == token)
           continue;  // a repeat of a CONNECT answered already
-        const uint64_t number = ++arrivals;
         // Whoever names a connected client's control address cannot be answered without
         // answering that client: dropped. Whoever names its lanes would have us write into
         // its region with its keys: not answered while that session lasts. No two live
@@ -260,15 +267,22 @@ int Serve(const Options& options, const fi_info& control, WaitMode wait, Engine&
           const Client& other = (it++)->second;                  // and comes again
           if (other.reply == reply && other.leaving) close(other.number, "done");
         }
+        // (after the closes above, which may forget a waiting CONNECT)
+        const auto waited = waiting.find(reply);
+        const bool told_waiting = waited != waiting.end();
+        const uint64_t number = told_waiting ? waited->second.number : ++arrivals;
         std::string claim;
+        uint64_t claimed = 0;
         bool impostor = false;
         for (const auto& [n, other] : clients) {
           impostor = impostor || other.reply == reply;
           for (size_t l = 0; l < other.lanes.size() && claim.empty(); ++l)
             for (size_t k = 0; k < connect->lanes.size() && claim.empty(); ++k)
-              if (connect->lanes[k].address == other.lanes[l])
+              if (connect->lanes[k].address == other.lanes[l]) {
                 claim = "lane " + std::to_string(k) + " is lane " + std::to_string(l) +
                         " of client " + std::to_string(n);
+                claimed = n;
+              }
         }
         if (impostor) {
           std::printf(
@@ -283,13 +297,16 @@ int Serve(const Options& options, const fi_info& control, WaitMode wait, Engine&
           close(old->second, "lost: replaced by a new CONNECT from its address");
         mail.Seal(id, token);  // our answers carry the client's own token back
         if (!claim.empty()) {
-          std::printf(
-              "client %llu: its CONNECT waits: its %s, whose session has not ended (a "
-              "client's lanes, regions and keys are its own)\n",
-              static_cast<unsigned long long>(number), claim.c_str());
+          if (!told_waiting)
+            std::printf(
+                "client %llu: its CONNECT waits: its %s, whose session has not ended (a "
+                "client's lanes, regions and keys are its own)\n",
+                static_cast<unsigned long long>(number), claim.c_str());
+          waiting[reply] = {number, claimed};
           departed[id] = Clock::now();
           continue;
         }
+        waiting.erase(reply);
         if (options.max_clients > 0 && clients.size() >= options.max_clients) {
           refuse(id, number, 0,
                  "server full: " + std::to_string(clients.size()) + " clients (--max-clients)");

@@ -99,6 +99,9 @@ service::Session::Report Session::Poll() {
     report.failure = failure;
   }
   const auto limit = std::chrono::duration<double>(peer_timeout_s);
+  // Told before --peer-timeout would drop the client for the same silence.
+  const auto stall_told_after =
+      std::min<Clock::duration>(kStallTold, std::chrono::duration_cast<Clock::duration>(limit / 2));
   for (size_t i = 0; i < workers.size(); ++i) {
     Worker* w = workers[i].get();
     const uint64_t rounds = w->rounds.load();
@@ -106,12 +109,11 @@ service::Session::Report Session::Poll() {
       w->rounds_seen = rounds;
       w->seen_at = Clock::now();
     }
-    // WRITEs owed and none completed for kStallTold since the last completion or new share
-    // (Worker::last_work): said once, with what the thread did
-    // since its last completion, which tells the three stalls apart: it went round without
-    // posting (the provider refused every post: its queue is full), it went round with every
-    // post taken (the provider or the peer holds the completions), or it did not go round
-    // (stuck inside a provider call).
+    // WRITEs owed and none completed for stall_told_after since the last completion or new
+    // share (Worker::last_work): said once, with what the thread did since, which tells the
+    // three stalls apart: it went round with posts refused (the provider's queue is full), it
+    // went round with every post taken (the provider or the peer holds the completions), or
+    // it did not go round (stuck inside a provider call).
     const Clock::rep completed = w->last_work.load(std::memory_order_relaxed);
     if (completed != w->completion_seen) {
       w->completion_seen = completed;
@@ -121,11 +123,13 @@ service::Session::Report Session::Poll() {
     }
     const uint64_t owed = w->in_flight.load(std::memory_order_relaxed);
     const auto quiet = Clock::now() - Clock::time_point{Clock::duration(completed)};
-    if (!w->stall_told && !w->exited && owed > 0 && quiet > kStallTold) {
+    if (!w->stall_told && !w->exited && owed > 0 && quiet > stall_told_after) {
       w->stall_told = true;
+      char after[32];  // "5 s", "1.5 s"
+      std::snprintf(after, sizeof after, "%.3g s",
+                    std::chrono::duration<double>(stall_told_after).count());
       report.stalls.push_back(
-          "thread " + std::to_string(i) + ": no WRITE has completed for " +
-          std::to_string(std::chrono::duration_cast<std::chrono::seconds>(quiet).count()) + " s, " +
+          "thread " + std::to_string(i) + ": no WRITE has completed for " + after + ", " +
           std::to_string(owed) + " owed; since its last completion it went round " +
           std::to_string(rounds - w->rounds_at_completion) + " times and the provider refused " +
           std::to_string(w->refused.load(std::memory_order_relaxed) - w->refused_at_completion) +
