@@ -28,14 +28,6 @@
 #include "provider.hpp"
 
 namespace p5 {
-namespace {
-// "10 s", "0.25 s": for messages.
-std::string FormatSeconds(Clock::duration d) {
-  char text[32];
-  std::snprintf(text, sizeof text, "%.3g s", std::chrono::duration<double>(d).count());
-  return text;
-}
-}  // namespace
 
 // The engine's options, besides what the wire allows of a request (CheckRequestSize).
 void CheckClientOptions(const Options& options) {

@@ -337,7 +337,7 @@ void RunWorker(Worker& w) {
     // </rung numa>
     OpenLanes(w);
     ++s.ready;
-    Clock::time_point last_work = Clock::now();  // a share placed or a WRITE completed
+    w.last_work.store(Clock::now().time_since_epoch().count(), std::memory_order_relaxed);
     while (!s.stop) {
       w.rounds.store(w.rounds.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
       if (const int core = sched_getcpu(); core != w.last_core) {
@@ -351,12 +351,10 @@ void RunWorker(Worker& w) {
       if (done > 0) {
         const auto now = Clock::now();
         w.last_completion = now.time_since_epoch().count();
-        last_work = now;
         w.last_work.store(now.time_since_epoch().count(), std::memory_order_relaxed);
         FinishShares(w, now);
       } else if (w.shares.size() != shares) {
-        last_work = Clock::now();
-        w.last_work.store(last_work.time_since_epoch().count(), std::memory_order_relaxed);
+        w.last_work.store(Clock::now().time_since_epoch().count(), std::memory_order_relaxed);
       }
       if (w.shares.empty()) {  // nothing to do: sleep until the control thread hands work over
         std::unique_lock lock(w.inbox_mutex);
@@ -366,7 +364,7 @@ void RunWorker(Worker& w) {
                  std::all_of(w.pending.begin(), w.pending.end(),
                              [](const auto& queue) { return queue.empty(); })) {
         WaitForCompletions(w.lanes, 100);  // nothing prepared waits to be posted
-      } else if (done == 0 && Clock::now() - last_work > kStalled) {
+      } else if (done == 0 && Clock::now() - LastWork(w) > kStalled) {
         // Owed completions that stopped coming (a client that died: shm never completes a
         // WRITE to it): nap instead of spinning a core away until --peer-timeout drops it.
         std::this_thread::sleep_for(std::chrono::milliseconds(1));

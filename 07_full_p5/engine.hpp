@@ -52,8 +52,8 @@ inline constexpr uint64_t kMaxRequestsInFlight = 64;
 inline constexpr uint32_t kWarmupRequest = 0xffffffff;  // the id of the untimed warmup request
 // A data thread that owes WRITEs and has seen none complete for this long (or half of
 // --peer-timeout, if shorter) is stalled: the server says so once, with what the thread did
-// meanwhile (Session::Poll). A live lane
-// completes a WRITE every few microseconds, a 1 Gbit/s one a 64 KiB WRITE every 0.5 ms.
+// meanwhile (Session::Poll). A live lane completes a WRITE every few microseconds, a 1 Gbit/s
+// one a 64 KiB WRITE every 0.5 ms.
 inline constexpr auto kStallTold = std::chrono::seconds(5);
 
 // One posted operation. libfabric hands `context` back in the completion (FI_CONTEXT2 mode
@@ -143,6 +143,8 @@ uint64_t WriteCompletion(const fi_info& nic);
 // memory (main.cpp).
 bool OneCompletionPerGroup(const fi_info& nic, const MemoryPath* pages);
 void WaitForCompletions(std::span<Network> lanes, int timeout_ms);
+// "10 s", "0.25 s": for messages.
+std::string FormatSeconds(Clock::duration d);
 void PrintHeader(const char* role, const Plan& plan, WaitMode wait, const MemoryPath& memory,
                  std::optional<bool> emulated_write);
 
@@ -256,18 +258,23 @@ struct Worker {
   std::atomic<uint64_t> rounds{0};
   uint64_t rounds_seen = 0;  // the control thread's: the count it saw last, and when
   Clock::time_point seen_at = Clock::now();
-  // The control thread's, at the thread's last completion: its rounds and refused posts then,
-  // and whether the stall since has been told.
+  // The control thread's, at the thread's last work (last_work): its rounds and refused posts
+  // then, and whether the stall since has been told.
   Clock::rep completion_seen = 0;
   uint64_t rounds_at_completion = 0, refused_at_completion = 0;
   bool stall_told = false;
   std::atomic<Clock::rep> last_completion{Clock::now().time_since_epoch().count()};
-  std::atomic<Clock::rep> last_work{0};  // a WRITE completed or a share came: owed from then
+  // A WRITE completed or a share came: the thread's own stall clock (a nap instead of a spin
+  // once owed completions stop) and the control thread's (Session::Poll).
+  std::atomic<Clock::rep> last_work{0};
   std::atomic<bool> exited{false};
   std::atomic<double> cpu_seconds{0};  // its CPU time, written as it ends
   std::atomic<pid_t> tid{0};
   std::thread thread;
 };
+inline Clock::time_point LastWork(const Worker& w) {
+  return Clock::time_point{Clock::duration(w.last_work.load(std::memory_order_relaxed))};
+}
 // --no-shard: one window and one set of counters for all of a session's threads, behind a
 // lock that every WRITE takes twice.
 struct SharedState {

@@ -122,15 +122,13 @@ service::Session::Report Session::Poll() {
       w->stall_told = false;
     }
     const uint64_t owed = w->in_flight.load(std::memory_order_relaxed);
-    const auto quiet = Clock::now() - Clock::time_point{Clock::duration(completed)};
+    const auto quiet = Clock::now() - LastWork(*w);
     if (!w->stall_told && !w->exited && owed > 0 && quiet > stall_told_after) {
       w->stall_told = true;
-      char after[32];  // "5 s", "1.5 s"
-      std::snprintf(after, sizeof after, "%.3g s",
-                    std::chrono::duration<double>(stall_told_after).count());
       report.stalls.push_back(
-          "thread " + std::to_string(i) + ": no WRITE has completed for " + after + ", " +
-          std::to_string(owed) + " owed; since its last completion it went round " +
+          "thread " + std::to_string(i) + ": no WRITE has completed for " +
+          FormatSeconds(stall_told_after) + ", " + std::to_string(owed) +
+          " owed; since its last completion it went round " +
           std::to_string(rounds - w->rounds_at_completion) + " times and the provider refused " +
           std::to_string(w->refused.load(std::memory_order_relaxed) - w->refused_at_completion) +
           " posts (-FI_EAGAIN)");
