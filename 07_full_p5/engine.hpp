@@ -258,10 +258,11 @@ struct Worker {
   std::atomic<uint64_t> rounds{0};
   uint64_t rounds_seen = 0;  // the control thread's: the count it saw last, and when
   Clock::time_point seen_at = Clock::now();
-  // The control thread's, at the thread's last work (last_work): its rounds and refused posts
-  // then, and whether the stall since has been told.
+  // The control thread's, at the thread's last work (last_work): its rounds, refused posts
+  // and CPU time then, and whether the stall since has been told.
   Clock::rep completion_seen = 0;
   uint64_t rounds_at_completion = 0, refused_at_completion = 0;
+  double cpu_at_completion = -1;  // its CPU seconds then: a spin and a wait tell apart
   bool stall_told = false;
   std::atomic<Clock::rep> last_completion{Clock::now().time_since_epoch().count()};
   // A WRITE completed or a share came: the thread's own stall clock (a nap instead of a spin

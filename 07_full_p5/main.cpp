@@ -220,13 +220,13 @@ bool Network::PostWrite(Op& op, fi_addr_t dest, const wire::RemoteRegion& region
   FI_CHECK(rc);
   return true;
 }
-// --wait block: sleep until any lane's CQ has something, or `timeout_ms` passes.
-// fi_trywait says whether sleeping is safe (nothing is already waiting to be read).
 std::string FormatSeconds(Clock::duration d) {
   char text[32];
   std::snprintf(text, sizeof text, "%.3g s", std::chrono::duration<double>(d).count());
   return text;
 }
+// --wait block: sleep until any lane's CQ has something, or `timeout_ms` passes.
+// fi_trywait says whether sleeping is safe (nothing is already waiting to be read).
 void WaitForCompletions(std::span<Network> lanes, int timeout_ms) {
   std::vector<pollfd> fds;
   for (auto& lane : lanes) {

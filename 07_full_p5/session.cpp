@@ -2,11 +2,14 @@
 // lanes), its endpoints and source memory, opened for one CONNECT, fed its requests, watched,
 // and closed when it goes. The service (service.cpp) drives it through service::Session.
 
+#include <pthread.h>
 #include <sched.h>
+#include <sys/syscall.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <map>
 #include <set>
 #include <string>
@@ -29,6 +32,81 @@ std::string DescribeEngine(const wire::Engine& e, size_t threads) {
   s += ", window " + std::to_string(e.window) + " per lane";
   return s;
 }
+namespace {
+
+// CPU time another thread of ours has used, in seconds (its pthread CPU clock); -1 if unknown.
+double CpuSecondsOf(std::thread& t) {
+  clockid_t clock{};
+  timespec ts{};
+  if (!t.joinable() || pthread_getcpuclockid(t.native_handle(), &clock) != 0 ||
+      clock_gettime(clock, &ts) != 0)
+    return -1;
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) / 1e9;
+}
+// Where a thread of ours is now, as the kernel sees it (proc(5): /proc/self/task/TID/stat's
+// state, its syscall and wchan): running, or waiting in a named system call, or in the kernel
+// outside one (a page fault). This is what tells a thread stuck inside a provider call that
+// spins (a lock, a busy loop) from one that waits on the network or on the kernel.
+std::string WhereIs(pid_t tid) {
+  const std::string dir = "/proc/self/task/" + std::to_string(tid) + "/";
+  std::string stat, syscall_line, wchan;
+  std::getline(std::ifstream(dir + "stat"), stat);
+  std::getline(std::ifstream(dir + "syscall"), syscall_line);
+  std::getline(std::ifstream(dir + "wchan"), wchan);
+  const size_t paren = stat.rfind(')');  // the state follows the name, which may hold spaces
+  const char state = paren != std::string::npos && paren + 2 < stat.size() ? stat[paren + 2] : '?';
+  if (syscall_line.empty()) return std::string("state ") + state;
+  if (syscall_line.rfind("running", 0) == 0)
+    return std::string("running in user space (state ") + state + ")";
+  const long nr = std::strtol(syscall_line.c_str(), nullptr, 10);
+  static const std::map<long, const char*> kNames = {
+      {SYS_read, "read"},
+      {SYS_write, "write"},
+      {SYS_futex, "futex (a lock)"},
+      {SYS_sendmsg, "sendmsg"},
+      {SYS_recvmsg, "recvmsg"},
+      {SYS_sendto, "sendto"},
+      {SYS_recvfrom, "recvfrom"},
+      {SYS_ppoll, "ppoll"},
+      {SYS_epoll_pwait, "epoll_pwait"},
+      {SYS_munmap, "munmap"},
+      {SYS_madvise, "madvise"},
+      {SYS_mmap, "mmap"},
+      {SYS_ioctl, "ioctl"},
+      {SYS_clock_nanosleep, "clock_nanosleep"},
+#ifdef SYS_poll
+      {SYS_poll, "poll"},
+      {SYS_epoll_wait, "epoll_wait"},
+      {SYS_nanosleep, "nanosleep"},
+#endif
+  };
+  std::string where;
+  if (nr < 0) {
+    where = "in the kernel outside a system call (a page fault)";
+  } else {
+    const auto name = kNames.find(nr);
+    where = "in system call " +
+            (name != kNames.end() ? std::string(name->second) : "number " + std::to_string(nr));
+  }
+  where += std::string(" (state ") + state;
+  if (!wchan.empty() && wchan != "0") where += ", waiting in " + wchan;
+  return where + ")";
+}
+
+// What the stall line adds: the CPU the thread used since its last completion, and where it is.
+std::string Whereabouts(Worker& w) {
+  const double cpu = CpuSecondsOf(w.thread);
+  std::string s = "; ";
+  if (cpu >= 0 && w.cpu_at_completion >= 0)
+    s += "since then it used " +
+         FormatSeconds(std::chrono::duration_cast<Clock::duration>(
+             std::chrono::duration<double>(cpu - w.cpu_at_completion))) +
+         " of CPU, and ";
+  return s + "it is now " + WhereIs(w.tid);
+}
+
+}  // namespace
+
 // <rung threads>
 size_t ThreadsFor(uint32_t asked, const Plan& plan, size_t lanes) {
   size_t threads = asked;
@@ -119,6 +197,7 @@ service::Session::Report Session::Poll() {
       w->completion_seen = completed;
       w->rounds_at_completion = rounds;
       w->refused_at_completion = w->refused.load(std::memory_order_relaxed);
+      w->cpu_at_completion = CpuSecondsOf(w->thread);
       w->stall_told = false;
     }
     const uint64_t owed = w->in_flight.load(std::memory_order_relaxed);
@@ -131,7 +210,7 @@ service::Session::Report Session::Poll() {
           " owed; since its last completion it went round " +
           std::to_string(rounds - w->rounds_at_completion) + " times and the provider refused " +
           std::to_string(w->refused.load(std::memory_order_relaxed) - w->refused_at_completion) +
-          " posts (-FI_EAGAIN)");
+          " posts (-FI_EAGAIN)" + Whereabouts(*w));
     }
     if (report.failure.empty() && !w->exited && Clock::now() - w->seen_at > limit)
       report.failure = "a data thread has been stuck in the provider for " +

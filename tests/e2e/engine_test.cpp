@@ -322,7 +322,14 @@ TEST_P(Engine, StalledWritesAreToldOnce) {
   EXPECT_GE(NumberAfter(line, "the provider refused "), 0) << line;
   EXPECT_NE(line.find(" owed; since its last completion it went round "), std::string::npos)
       << line;
-  EXPECT_NE(line.find(" posts (-FI_EAGAIN)"), std::string::npos) << line;
+  EXPECT_NE(line.find(" posts (-FI_EAGAIN); since then it used "), std::string::npos) << line;
+  // Where the thread is, from /proc: it waits for its client (tcp: blocking waits, in poll) or
+  // goes round (shm: spinning, or in its 1 ms nap), never "outside a system call".
+  EXPECT_GE(NumberAfter(line, "it used "), 0) << line;
+  const bool where = line.find(" of CPU, and it is now running in user space (state R)") !=
+                         std::string::npos ||
+                     line.find(" of CPU, and it is now in system call ") != std::string::npos;
+  EXPECT_TRUE(where) << line;
 }
 
 // A CONNECT that names another client's lane (to have the server write into its region with
