@@ -23,6 +23,20 @@ verdict() {
     if (dir == "down") { t = -amin; amin = -amax; amax = t; t = -bmin; bmin = -bmax; bmax = t }
     print (bmin > amax ? "gain" : bmax < amin ? "loss" : "no change") }'
 }
+# removed "BELOW" "THIS": the verdict on a rung that makes a count zero by construction (a
+# pinned thread cannot move between cores), from the counts per run: "gain" when THIS counted
+# none in any run and BELOW some in at least one, "loss" when THIS counted any, "cannot show"
+# when neither did (nothing was there to remove); "too few runs" with fewer than 3 a side.
+# The ranges of `verdict` would call 0-3 moves against 0 "no change": but the 0 on THIS side
+# is no spread between runs, it is the rung's guarantee, and any move below is one it stops.
+removed() {
+  awk -v a="$1" -v b="$2" 'BEGIN {
+    na = split(a, x, " "); nb = split(b, y, " ")
+    if (na < 3 || nb < 3) { print "too few runs"; exit }
+    for (i = 1; i <= nb; i++) if (y[i] + 0 != 0) { print "loss"; exit }
+    for (i = 1; i <= na; i++) if (x[i] + 0 != 0) k++
+    print (k ? "gain" : "cannot show") }'
+}
 # spread "RUNS": (max - min) / median of the runs, in percent ("-" for fewer than 2 runs).
 spread() {
   tr ' ' '\n' <<<"$1" | grep . | sort -g | awk '{v[NR] = $1} END {

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The verdict on a rung (scripts/bench-lib.sh): gain or loss only when the two rungs' ranges
 # of runs do not overlap, in the figure's own direction; no change when they do; too few
-# runs for a range below 3; and the spread between runs as a share of their median.
+# runs for a range below 3; the verdict on a count a rung makes zero by construction; and the
+# spread between runs as a share of their median.
 set -uo pipefail
 root=$1
 cd "$root" || exit 1
@@ -24,6 +25,10 @@ check "no change" verdict "0.43 0.47 0.47 1.52 0.54" "0.9 1.0 1.1 1.2 1.6" up
 check "too few runs" verdict "1 2" "3 4 5" up
 check "too few runs" verdict "1 2 3" "" up
 check 'verdict: direction is up or down, not "more"' verdict "1 2 3" "4 5 6" more
+check gain removed "0 3 0 1 0" "0 0 0 0 0"    # moves: some below, none pinned
+check "cannot show" removed "0 0 0" "0 0 0"    # the scheduler moved no unpinned thread
+check loss removed "2 3 4" "0 1 0"             # a pinned thread that moved
+check "too few runs" removed "1 2" "0 0 0"
 check 100 spread "1 2 3"
 check 20 spread "0.9 1.0 1.1 1.0 0.95"
 check - spread "7"
