@@ -12,6 +12,7 @@
 #include <fstream>
 #include <map>
 #include <set>
+#include <sstream>
 #include <string>
 #include <thread>
 
@@ -87,6 +88,13 @@ std::string WhereIs(pid_t tid) {
     const auto name = kNames.find(nr);
     where = "in system call " +
             (name != kNames.end() ? std::string(name->second) : "number " + std::to_string(nr));
+    // Its first three arguments, as proc(5) gives them (hex): a poll's fd count and timeout in
+    // ms tell the engine's own 100 ms wait on its lanes from a wait of the provider's.
+    std::istringstream fields(syscall_line);
+    std::string field, args;
+    fields >> field;
+    for (int i = 0; i < 3 && fields >> field; ++i) args += (i ? " " : "") + field;
+    if (!args.empty()) where += ", arguments " + args;
   }
   where += std::string(" (state ") + state;
   if (!wchan.empty() && wchan != "0") where += ", waiting in " + wchan;
