@@ -165,6 +165,7 @@ void PlaceShares(Worker& w) {
     for (auto& share : w.inbox) w.shares.push_back(std::move(share));
     w.inbox.clear();
     w.has_inbox = false;
+    w.shares_held.store(w.shares.size(), std::memory_order_relaxed);
   }
   for (auto& share : w.shares) {
     if (share->placed) continue;
@@ -318,6 +319,7 @@ void FinishShares(Worker& w, Clock::time_point now) {
       if (--r.shares_left == 0) s.finished.push_back(r.done);
     }
     it = w.shares.erase(it);
+    w.shares_held.store(w.shares.size(), std::memory_order_relaxed);
   }
 }
 // No WRITE completed for this long while some are owed: the lanes have stalled. A live lane

@@ -242,6 +242,7 @@ struct Worker {
   // provider refused (-FI_EAGAIN): written by the thread only, read by the control thread
   // when the WRITEs stop completing (Session::Poll says which of the three ways they stopped).
   std::atomic<uint64_t> in_flight{0}, refused{0};
+  std::atomic<size_t> shares_held{0};  // shares of requests it holds unfinished (the same way)
   // What each rung does, counted, so that a switch that changed nothing shows (README.md).
   uint64_t most_prepared = 0, posts = 0, doorbells = 0, posted_in_poll = 0, completions = 0;
   // Pinning's figure: how often the thread found itself on another core than in its last

@@ -208,14 +208,21 @@ service::Session::Report Session::Poll() {
       w->cpu_at_completion = CpuSecondsOf(w->thread);
       w->stall_told = false;
     }
+    // Owed: WRITEs in flight, or none while a share of a request waits to be written (the
+    // thread does not post: stuck in a provider call that came after its last completions).
     const uint64_t owed = w->in_flight.load(std::memory_order_relaxed);
+    const size_t held = w->shares_held.load(std::memory_order_relaxed);
     const auto quiet = Clock::now() - LastWork(*w);
-    if (!w->stall_told && !w->exited && owed > 0 && quiet > stall_told_after) {
+    if (!w->stall_told && !w->exited && (owed > 0 || held > 0) && quiet > stall_told_after) {
       w->stall_told = true;
       report.stalls.push_back(
           "thread " + std::to_string(i) + ": no WRITE has completed for " +
-          FormatSeconds(stall_told_after) + ", " + std::to_string(owed) +
-          " owed; since its last completion it went round " +
+          FormatSeconds(stall_told_after) + ", " +
+          (owed > 0 ? std::to_string(owed) + " owed"
+                    : "none in flight though " + std::to_string(held) + " share" +
+                          (held == 1 ? " of a request waits" : "s of requests wait") +
+                          " to be written") +
+          "; since its last completion it went round " +
           std::to_string(rounds - w->rounds_at_completion) + " times and the provider refused " +
           std::to_string(w->refused.load(std::memory_order_relaxed) - w->refused_at_completion) +
           " posts (-FI_EAGAIN)" + Whereabouts(*w));
