@@ -326,46 +326,77 @@ TEST_P(Engine, StalledWritesAreToldOnce) {
   // Where the thread is, from /proc: it waits for its client (tcp: blocking waits, in poll) or
   // goes round (shm: spinning, or in its 1 ms nap), never "outside a system call".
   EXPECT_GE(NumberAfter(line, "it used "), 0) << line;
-  const bool where = line.find(" of CPU, and it is now running in user space (state R)") !=
-                         std::string::npos ||
-                     line.find(" of CPU, and it is now in system call ") != std::string::npos;
+  const bool where =
+      line.find(" of CPU, and it is now running in user space (state R)") != std::string::npos ||
+      line.find(" of CPU, and it is now in system call ") != std::string::npos;
   EXPECT_TRUE(where) << line;
 }
 
 // A CONNECT that names another client's lane (to have the server write into its region with
 // its keys) is not answered while that client's session lasts; the owner is unharmed.
 TEST_P(Engine, AnotherClientsRegionIsNeverGiven) {
-  StageServer server(kStage, provider(), 1, {"--memory", "host", "--nics", "2"});
-  ASSERT_FALSE(server.address().empty());
-  TempDir dir;
-  const std::string lanes_file = dir.path() + "/lanes";
-  Process owner =
-      StartClient(server.address(),
-                  {"--memory", "host", "--nics", "2", "-S", "64k", "--pages", "1024", "--repeat",
-                   provider() == "shm" ? "400" : "120", "--address-file", lanes_file});
-  ASSERT_FALSE(WaitForLine(lanes_file, 20s).empty());
-  ASSERT_TRUE(WaitForOutput(server.process(), "client 1 connected", 30s));
-  // It gives up after 5 s; the owner's transfer outlasts that (here 14 s or more). Over tcp
-  // the CONNECT itself may take seconds to go out (rxm connects on the first send).
-  std::vector<std::string> claim = Small(8, {"--nics", "2", "--test-claim", lanes_file});
-  *std::find(claim.begin(), claim.end(), "30") = "5";  // its --timeout
-  Result thief = RunClient(kStage, provider(), server.address(), claim);
-  EXPECT_EQ(thief.exit_code, 1) << thief.out << thief.err;
-  EXPECT_NE(thief.err.find("no answer from the server within 5 s to our CONNECT"),
-            std::string::npos)
-      << thief.err;
-  // One line, under one number, though the thief sent its CONNECT again every 0.5 s.
-  const std::string log = server.process().Output();
-  const std::string waits =
-      "client 2: its CONNECT waits: its lane 1 is lane 1 of client 1, whose session has not ended";
-  EXPECT_NE(log.find(waits), std::string::npos) << log;
-  EXPECT_EQ(log.find("its CONNECT waits", log.find(waits) + waits.size()), std::string::npos)
-      << log;
-  EXPECT_EQ(log.find("client 3"), std::string::npos) << log;
-  Result r = owner.Wait(120s);
-  ASSERT_EQ(r.exit_code, 0) << r.out << r.err << "--- the server:\n" << server.process().Output();
-  EXPECT_EQ(NumberAfter(r.out, "verified "), 1024LL * 65536 * 4);  // 4 requests
-  EXPECT_EQ(server.Wait().exit_code, 0);
+  for (int attempt = 1;; ++attempt) {
+    StageServer server(kStage, provider(), 1, {"--memory", "host", "--nics", "2"});
+    ASSERT_FALSE(server.address().empty());
+    TempDir dir;
+    const std::string lanes_file = dir.path() + "/lanes";
+    Process owner =
+        StartClient(server.address(),
+                    {"--memory", "host", "--nics", "2", "-S", "64k", "--pages", "1024", "--repeat",
+                     provider() == "shm" ? "400" : "120", "--address-file", lanes_file});
+    ASSERT_FALSE(WaitForLine(lanes_file, 20s).empty());
+    ASSERT_TRUE(WaitForOutput(server.process(), "client 1 connected", 30s));
+    // It gives up after 5 s; the owner's transfer outlasts that (here 14 s or more). Over tcp
+    // the CONNECT itself may take seconds to go out (rxm connects on the first send).
+    std::vector<std::string> claim = Small(8, {"--nics", "2", "--test-claim", lanes_file});
+    *std::find(claim.begin(), claim.end(), "30") = "5";  // its --timeout
+    Result thief = RunClient(kStage, provider(), server.address(), claim);
+    EXPECT_EQ(thief.exit_code, 1) << thief.out << thief.err;
+    EXPECT_NE(thief.err.find("no answer from the server within 5 s to our CONNECT"),
+              std::string::npos)
+        << thief.err;
+    // One line, under one number, though the thief sent its CONNECT again every 0.5 s.
+    const std::string log = server.process().Output();
+    const std::string waits =
+        "client 2: its CONNECT waits: its lane 1 is lane 1 of client 1, whose session has not "
+        "ended";
+    EXPECT_NE(log.find(waits), std::string::npos) << log;
+    EXPECT_EQ(log.find("its CONNECT waits", log.find(waits) + waits.size()), std::string::npos)
+        << log;
+    EXPECT_EQ(log.find("client 3"), std::string::npos) << log;
+    Result r = owner.Wait(120s);
+    // The owner starved by a data thread the provider held (tcp, a loaded host), not by the
+    // thief: once more, with the server's own word for it printed (process.hpp).
+    const std::string held = ProviderHeldADataThread(server.process().Output());
+    if (r.exit_code != 0 && attempt == 1 && !held.empty()) {
+      std::printf("attempt 1: the provider held the server's data thread: %s; once more\n",
+                  held.c_str());
+      continue;
+    }
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err << "--- the server:\n" << server.process().Output();
+    EXPECT_EQ(NumberAfter(r.out, "verified "), 1024LL * 65536 * 4);  // 4 requests
+    EXPECT_EQ(server.Wait().exit_code, 0);
+    return;
+  }
+}
+
+// Which stall lines say the provider held a data thread (the tests that try again once).
+TEST(StallLine, HeldByTheProviderOnlyWhenTheThreadDidNotGoRoundOrPostedNothing) {
+  const std::string held =
+      "client 1: thread 0: no WRITE has completed for 5 s, 33 owed; since its last completion "
+      "it went round 0 times and the provider refused 0 posts (-FI_EAGAIN); since then it used "
+      "0 s of CPU, and it is now in system call poll, arguments 0x7f 0x1 0x2710 (state S)";
+  const std::string idle =
+      "client 1: thread 0: no WRITE has completed for 1.5 s, none in flight though 1 share of "
+      "a request waits to be written; since its last completion it went round 0 times";
+  const std::string paused =
+      "client 1: thread 0: no WRITE has completed for 5 s, 64 owed; since its last completion "
+      "it went round 39 times and the provider refused 0 posts (-FI_EAGAIN)";
+  EXPECT_EQ(ProviderHeldADataThread("addr: 02\n" + held + "\nclient 1 lost: silent\n"), held);
+  EXPECT_EQ(ProviderHeldADataThread(idle), idle);  // the first line of a log
+  EXPECT_EQ(ProviderHeldADataThread(paused + "\nclient 1 done: 10 WRITEs\n"), "");
+  EXPECT_EQ(ProviderHeldADataThread(paused + "\n" + held + "\n"), held);
+  EXPECT_EQ(ProviderHeldADataThread("client 1 done: 10 WRITEs\n"), "");
 }
 
 // A client with more lanes than the server: refused with the two counts, and a client with

@@ -448,27 +448,41 @@ TEST_P(HostileService, StrangerCannotGuessAKey) {
 // 10. A transfer longer than --peer-timeout: its completions are signs of life, so the server
 // waits for it instead of declaring the client lost half-way.
 TEST_P(HostileService, TransferLongerThanPeerTimeout) {
-  // --peer-timeout 3: with both cores busy (yes twice), a data thread once went 1 s without
-  // a WRITE completing (1.17, shm) or without going round its loop (2.6, shm and tcp), and
-  // the client was dropped as silent or stuck.
-  Attacked server("07_full_p5", provider(), {"--peer-timeout", "3"});
-  ASSERT_FALSE(server.address().empty());
-  // Long enough to outlast --peer-timeout 3 with a margin, on whatever machine this runs.
-  double seconds = 0;
-  for (int repeat = provider() == "shm" ? 450 : 180; seconds <= 4.5 && repeat <= 180 * 27;
-       repeat *= 3) {
-    Result r = RunClient("07_full_p5", provider(), server.address(),
-                         {"--memory", "host", "-S", "64k", "--pages", "1024", "--requests", "1",
-                          "--repeat", std::to_string(repeat), "--json"},
-                         120s);
-    ASSERT_EQ(r.exit_code, 0) << r.out << r.err << server.process().Output();
-    EXPECT_EQ(NumberAfter(r.out, "\"verified_bytes\":"), 1024LL * 65536) << r.out;
-    seconds = DecimalAfter(r.out, "\"seconds\":");
+  for (int attempt = 1;; ++attempt) {
+    // --peer-timeout 3: with both cores busy (yes twice), a data thread once went 1 s without
+    // a WRITE completing (1.17, shm) or without going round its loop (2.6, shm and tcp), and
+    // the client was dropped as silent or stuck.
+    Attacked server("07_full_p5", provider(), {"--peer-timeout", "3"});
+    ASSERT_FALSE(server.address().empty());
+    // Long enough to outlast --peer-timeout 3 with a margin, on whatever machine this runs.
+    double seconds = 0;
+    bool held = false;
+    for (int repeat = provider() == "shm" ? 450 : 180; seconds <= 4.5 && repeat <= 180 * 27;
+         repeat *= 3) {
+      Result r = RunClient("07_full_p5", provider(), server.address(),
+                           {"--memory", "host", "-S", "64k", "--pages", "1024", "--requests", "1",
+                            "--repeat", std::to_string(repeat), "--json"},
+                           120s);
+      // Dropped because the provider held the server's data thread past --peer-timeout (tcp,
+      // a loaded host): a silence the server was right to count. Once more (process.hpp).
+      const std::string why = ProviderHeldADataThread(server.process().Output());
+      if (r.exit_code != 0 && attempt == 1 && !why.empty()) {
+        std::printf("attempt 1: the provider held the server's data thread: %s; once more\n",
+                    why.c_str());
+        held = true;
+        break;
+      }
+      ASSERT_EQ(r.exit_code, 0) << r.out << r.err << server.process().Output();
+      EXPECT_EQ(NumberAfter(r.out, "\"verified_bytes\":"), 1024LL * 65536) << r.out;
+      seconds = DecimalAfter(r.out, "\"seconds\":");
+    }
+    if (held) continue;
+    EXPECT_GT(seconds, 4.5);
+    Result done = server.Stop();
+    EXPECT_EQ(done.out.find("lost"), std::string::npos) << done.out;
+    EXPECT_NE(done.out.find(" done: "), std::string::npos) << done.out;
+    return;
   }
-  EXPECT_GT(seconds, 4.5);
-  Result done = server.Stop();
-  EXPECT_EQ(done.out.find("lost"), std::string::npos) << done.out;
-  EXPECT_NE(done.out.find(" done: "), std::string::npos) << done.out;
 }
 
 // 16. Messages to a client from a process that is not its server: random bytes, a forged

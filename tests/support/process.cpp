@@ -173,6 +173,18 @@ long long NumberAfter(const std::string& text, const std::string& key) {
   return std::stoll(text.substr(pos, end - pos));
 }
 
+std::string ProviderHeldADataThread(const std::string& server_log) {
+  for (size_t at = server_log.find("no WRITE has completed for "); at != std::string::npos;
+       at = server_log.find("no WRITE has completed for ", at + 1)) {
+    const size_t begin = server_log.rfind('\n', at) + 1;  // npos + 1 == 0
+    const std::string line = server_log.substr(begin, server_log.find('\n', at) - begin);
+    if (line.find("went round 0 times") != std::string::npos ||
+        line.find("none in flight") != std::string::npos)
+      return line;
+  }
+  return "";
+}
+
 double DecimalAfter(const std::string& text, const std::string& key) {
   const auto pos = text.rfind(key);
   if (pos == std::string::npos) return std::nan("");
