@@ -282,7 +282,7 @@ std::vector<unsigned> ControlCpus(const std::vector<unsigned>& given,
   return free.empty() ? given : free;
 }
 
-bool BindThreadTo(const std::vector<unsigned>& cpus, std::string& why) {
+bool BindThreadTo(const std::vector<unsigned>& cpus, std::string& why, pid_t tid) {
   cpu_set_t set;
   CPU_ZERO(&set);
   for (unsigned c : cpus)
@@ -291,7 +291,7 @@ bool BindThreadTo(const std::vector<unsigned>& cpus, std::string& why) {
     why = "no CPU to bind to";
     return false;
   }
-  if (sched_setaffinity(0, sizeof(set), &set) == 0) return true;
+  if (sched_setaffinity(tid, sizeof(set), &set) == 0) return true;
   why = "sched_setaffinity(CPU " + FormatCpuList(cpus) + "): " + std::strerror(errno);
   return false;
 }

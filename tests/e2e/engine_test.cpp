@@ -1,14 +1,21 @@
 // End to end, 07_full_p5: lanes and threads, every switch of the ladder, several clients at
-// once, a client killed mid-transfer, and a client that claims another's lanes. Real
+// once, a client killed mid-transfer, a client that claims another's lanes, and a pinned
+// thread whose core something else takes. Real
 // processes over shm and tcp (loopback), every transfer verified by its client.
 #include <gtest/gtest.h>
 
 #include <rdma/fabric.h>
 #include <sched.h>
 #include <signal.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <thread>
 
@@ -378,6 +385,80 @@ TEST_P(Engine, AnotherClientsRegionIsNeverGiven) {
     EXPECT_EQ(server.Wait().exit_code, 0);
     return;
   }
+}
+
+// The single CPU a thread of `pid` is bound to that has used the most CPU time (a pinned data
+// thread that spins), from /proc/PID/task/*/status and stat; -1 if none is bound to one.
+int BusiestPinnedCpu(pid_t pid) {
+  int cpu = -1;
+  unsigned long long most = 0;
+  const std::string dir = "/proc/" + std::to_string(pid) + "/task";
+  for (const auto& task : std::filesystem::directory_iterator(dir)) {
+    std::ifstream status(task.path() / "status");
+    std::string line, cpus;
+    while (std::getline(status, line))
+      if (line.rfind("Cpus_allowed_list:", 0) == 0)
+        cpus = line.substr(line.find_last_of("\t ") + 1);
+    if (cpus.empty() || cpus.find_first_of(",-") != std::string::npos) continue;
+    std::ifstream stat(task.path() / "stat");
+    std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+    std::istringstream fields(text.substr(text.rfind(')') + 2));
+    std::string field;
+    unsigned long long utime = 0, stime = 0;
+    for (int i = 3; i <= 15 && fields >> field; ++i) {  // fields 14 and 15: utime, stime
+      if (i == 14) utime = std::stoull(field);
+      if (i == 15) stime = std::stoull(field);
+    }
+    if (utime + stime >= most) {
+      most = utime + stime;
+      cpu = std::stoi(cpus);
+    }
+  }
+  return cpu;
+}
+
+// A pinned data thread whose core something else takes (here a real-time task on it, as a
+// host that does not run that vCPU would): the server sees it wait on that core's run queue,
+// moves it to the other cores and says so, and the client's pages are all verified. Without
+// this, a CI host ran a data thread for 0 s in 10 (state R, on cpu 0) and its client was
+// dropped. Needs root (chrt -f) and two CPUs; its own meson test, alone (tests/meson.build).
+TEST(CoreTaken, APinnedDataThreadIsMovedOffACoreSomethingElseTook) {
+  if (geteuid() != 0 || sysconf(_SC_NPROCESSORS_ONLN) < 2 || access("/usr/bin/chrt", X_OK) != 0)
+    GTEST_SKIP() << "needs root, /usr/bin/chrt and two CPUs";
+  StageServer server(kStage, "shm", 1, {"--memory", "host", "--peer-timeout", "30"});
+  ASSERT_FALSE(server.address().empty());
+  std::vector<std::string> argv = {StageBinary(kStage)};
+  for (auto& a : ProviderArgs("shm")) argv.push_back(a);
+  for (auto& a : std::vector<std::string>{server.address(), "--memory", "host", "-S", "64k",
+                                          "--pages", "256", "--repeat", "400", "--timeout", "60"})
+    argv.push_back(a);
+  Process client(argv);
+  ASSERT_TRUE(WaitForOutput(client, "progress:", 60s)) << client.Output();
+  const int cpu = BusiestPinnedCpu(server.process().pid());
+  ASSERT_GE(cpu, 0) << "no thread of the server is pinned";
+  {
+    // The process is the real-time spinner itself (chrt and taskset exec it): killed below, or
+    // by Process's destructor should an assertion end the test first.
+    Process hog({"/usr/bin/chrt", "-f", "1", "taskset", "-c", std::to_string(cpu), "sh", "-c",
+                 "while :; do :; done"});
+    const bool told = WaitForOutput(server.process(), "something else has that core", 4s);
+    hog.Signal(SIGKILL);
+    hog.Wait(10s);
+    ASSERT_TRUE(told) << server.process().Output();
+  }
+  const std::string log = server.process().Output();
+  EXPECT_NE(log.find("client 1: thread 0: waited "), std::string::npos) << log;
+  EXPECT_NE(log.find(" on the run queue of its core (cpu " + std::to_string(cpu) + ") and ran "),
+            std::string::npos)
+      << log;
+  EXPECT_NE(log.find("something else has that core; it runs on cpus "), std::string::npos) << log;
+  Result r = client.Wait(120s);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_EQ(NumberAfter(r.out, "verified "), 256LL * 65536 * 4);  // 4 requests
+  Result done = server.Wait();
+  EXPECT_EQ(done.exit_code, 0) << done.err;
+  // Moved off, and back once the core was free: the session line counts both.
+  EXPECT_GE(NumberAfter(done.out, "posted from the CQ poll, "), 1) << done.out;
 }
 
 // Which stall lines say the provider held a data thread (the tests that try again once).
