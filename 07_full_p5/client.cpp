@@ -71,11 +71,16 @@ struct Receiver {
   // silence (README.md, "When a client waits").
   std::atomic<uint64_t> rounds{0};
   std::atomic<bool> reading{false};
+  std::atomic<pid_t> tid{0};
+  // <rung pin>
+  CoreWatch core;  // the main thread's: whether something else took its core (engine.hpp)
+  // </rung pin>
   double cpu_seconds = 0;  // its CPU time, written as it ends (read after join)
   std::thread thread;
 };
 void RunReceiver(Receiver& r, std::span<Network> lanes, size_t requests, WaitMode wait,
                  const std::atomic<bool>& stop, const Topology* pin) {
+  r.tid = gettid();
   std::string why;
   if (pin != nullptr && r.cpu && !PinThread(*pin, *r.cpu, why))
     std::printf("warning: receiver not pinned: %s\n", why.c_str());
@@ -414,6 +419,17 @@ Summary RunSession(const Options& options, std::span<const uint8_t> peer, wire::
     const uint64_t now_seen = arrived_total();
     if (n > 0 || now_seen != seen || inside_provider()) last_progress = Clock::now();
     watch_lanes();
+    // <rung pin>
+    if ((engine.flags & wire::kEnginePin) && IsThisSystem(topology))
+      for (size_t i = 0; i < receivers.threads.size(); ++i) {
+        Receiver& r = *receivers.threads[i];
+        if (!r.cpu || r.tid == 0) continue;
+        if (std::string moved = r.core.Check(r.tid, *r.cpu, given); !moved.empty() && print) {
+          std::printf("receiving thread %zu: %s\n", i, moved.c_str());
+          std::fflush(stdout);
+        }
+      }
+    // </rung pin>
     seen = now_seen;
     // The receivers count the data; this thread only watches, so it naps unless a control
     // message came (a spinning watcher takes a core from the lanes on a small machine).

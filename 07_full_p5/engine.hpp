@@ -55,11 +55,25 @@ inline constexpr uint32_t kWarmupRequest = 0xffffffff;  // the id of the untimed
 // meanwhile (Session::Poll). A live lane completes a WRITE every few microseconds, a 1 Gbit/s
 // one a 64 KiB WRITE every 0.5 ms.
 inline constexpr auto kStallTold = std::chrono::seconds(5);
-// A pinned data thread that, over this long, waited on its core's run queue for more than
-// kCoreTakenQueued of the time and ran for less than kCoreTakenRan of it does not have its
-// core: something else took it (a real-time task, a busy host, a vCPU that does not run).
-inline constexpr auto kCoreWindow = std::chrono::seconds(1);
-inline constexpr double kCoreTakenQueued = 0.8, kCoreTakenRan = 0.1;
+// <rung pin>
+// A pinned thread cannot leave its core: when something else takes that core (a real-time
+// task, a busy host, a vCPU that does not run), it waits on the core's run queue and no other
+// core can help. Watched once a second by a thread that only watches (the server's service
+// thread, the client's main thread): one that, over the last second, waited on the run queue
+// more than 80% of the time and ran less than 10% of it is moved to the other given cores,
+// once, for the rest of its session: let back onto its core a second later, it was queued
+// there again behind the same task (README.md, "A core that is taken").
+class CoreWatch {
+ public:
+  // The line to print when it moved thread `tid` off `cpu` ("" otherwise); call it often.
+  std::string Check(pid_t tid, unsigned cpu, const std::vector<unsigned>& given);
+
+ private:
+  Clock::time_point window_ = Clock::now();
+  double ran_s_ = -1, queued_s_ = -1;
+  bool moved_ = false;  // once: moved off its core, or refused
+};
+// </rung pin>
 
 // One posted operation. libfabric hands `context` back in the completion (FI_CONTEXT2 mode
 // reserves it for the provider), and from it we find the whole Op again.
@@ -270,12 +284,9 @@ struct Worker {
   uint64_t rounds_at_completion = 0, refused_at_completion = 0;
   double cpu_at_completion = -1;  // its CPU seconds then: a spin and a wait tell apart
   bool stall_told = false;
-  // The control thread's watch on a pinned thread's core (Session::Poll): the thread's time on
-  // a CPU and waiting on a run queue (schedstat) at the start of the window, and whether it
-  // was let go of its core because something else took it.
-  Clock::time_point core_window = Clock::now();
-  double ran_s = -1, queued_s = -1;
-  int let_go = 0;  // 1: moved off its taken core; 2: a window later, free on every given core
+  // <rung pin>
+  CoreWatch core;  // the control thread's: whether something else took its core
+  // </rung pin>
   std::atomic<Clock::rep> last_completion{Clock::now().time_since_epoch().count()};
   // A WRITE completed or a share came: the thread's own stall clock (a nap instead of a spin
   // once owed completions stop) and the control thread's (Session::Poll).

@@ -102,16 +102,6 @@ std::string WhereIs(pid_t tid) {
   return where + ")";
 }
 
-// <rung pin>
-// A thread's time on a CPU and waiting on a run queue so far, in seconds (proc(5):
-// /proc/self/task/TID/schedstat, kernels with schedstats); nullopt where there is none.
-std::optional<std::pair<double, double>> RanAndQueued(pid_t tid) {
-  std::ifstream in("/proc/self/task/" + std::to_string(tid) + "/schedstat");
-  unsigned long long ran = 0, queued = 0;
-  if (!(in >> ran >> queued)) return std::nullopt;
-  return std::make_pair(static_cast<double>(ran) / 1e9, static_cast<double>(queued) / 1e9);
-}
-// </rung pin>
 // What the stall line adds: the CPU the thread used since its last completion, and where it is.
 std::string Whereabouts(Worker& w) {
   const double cpu = CpuSecondsOf(w.thread);
@@ -126,6 +116,45 @@ std::string Whereabouts(Worker& w) {
 
 }  // namespace
 
+// <rung pin>
+namespace {
+// A thread's time on a CPU and waiting on a run queue so far, in seconds (proc(5):
+// /proc/self/task/TID/schedstat, kernels with schedstats); nullopt where there is none.
+std::optional<std::pair<double, double>> RanAndQueued(pid_t tid) {
+  std::ifstream in("/proc/self/task/" + std::to_string(tid) + "/schedstat");
+  unsigned long long ran = 0, queued = 0;
+  if (!(in >> ran >> queued)) return std::nullopt;
+  return std::make_pair(static_cast<double>(ran) / 1e9, static_cast<double>(queued) / 1e9);
+}
+}  // namespace
+std::string CoreWatch::Check(pid_t tid, unsigned cpu, const std::vector<unsigned>& given) {
+  const auto now = Clock::now();
+  if (moved_ || given.size() < 2 || now - window_ < std::chrono::seconds(1)) return "";
+  const double window = std::chrono::duration<double>(now - window_).count();
+  window_ = now;
+  const auto stat = RanAndQueued(tid);
+  if (!stat) return "";
+  const double ran = stat->first - ran_s_, queued = stat->second - queued_s_;
+  const bool taken = ran_s_ >= 0 && queued > 0.8 * window && ran < 0.1 * window;
+  ran_s_ = stat->first;
+  queued_s_ = stat->second;
+  if (!taken) return "";
+  // Off that core: a mask that still held it would leave the thread queued there.
+  std::vector<unsigned> others;
+  for (unsigned c : given)
+    if (c != cpu) others.push_back(c);
+  std::string why;
+  const bool off = BindThreadTo(others, why, tid);
+  moved_ = true;
+  char line[200];
+  std::snprintf(line, sizeof line,
+                "waited %.2f s of the last %.2f s on the run queue of its core (cpu %u) and ran "
+                "%.3f s: something else has that core; ",
+                queued, window, cpu, ran);
+  return line + (off ? "it runs on cpus " + FormatCpuList(others) + " from now on"
+                     : "it stays pinned: " + why);
+}
+// </rung pin>
 // <rung threads>
 size_t ThreadsFor(uint32_t asked, const Plan& plan, size_t lanes) {
   size_t threads = asked;
@@ -239,44 +268,10 @@ service::Session::Report Session::Poll() {
           " posts (-FI_EAGAIN)" + Whereabouts(*w));
     }
     // <rung pin>
-    // A pinned thread whose core was taken: it waited on that core's run queue and hardly ran
-    // (a CI host once ran a data thread for 0 s in 10: state R, cpu 0, its client dropped).
-    // Pinned, it cannot move to a core that is free. It is moved off that core to the others
-    // this server was given, and the server says so; a window later it may run on every given
-    // core again, its own included, where the scheduler brings it back once that core is free
-    // (07's README, "A core that is taken"). Once a session.
-    if (On(wire::kEnginePin) && !pinned.empty() && w->cpu && w->let_go < 2 && !w->exited &&
-        w->tid != 0 && cores != nullptr && cores->given.size() > 1 &&
-        Clock::now() - w->core_window >= kCoreWindow) {
-      const auto now = Clock::now();
-      std::string why;
-      if (w->let_go == 1) {
-        BindThreadTo(cores->given, why, w->tid);
-        w->let_go = 2;
-      } else if (const auto stat = RanAndQueued(w->tid)) {
-        const double window = std::chrono::duration<double>(now - w->core_window).count();
-        const double ran = stat->first - w->ran_s, queued = stat->second - w->queued_s;
-        if (w->ran_s >= 0 && queued > kCoreTakenQueued * window && ran < kCoreTakenRan * window) {
-          // Off that core: a mask that still held it would leave the thread queued there.
-          std::vector<unsigned> others;
-          for (unsigned c : cores->given)
-            if (c != *w->cpu) others.push_back(c);
-          w->let_go = BindThreadTo(others, why, w->tid) ? 1 : 2;  // 2: refused, it stays
-          char line[256];
-          std::snprintf(line, sizeof line,
-                        "thread %zu: waited %.2f s of the last %.2f s on the run queue of its "
-                        "core (cpu %u) and ran %.3f s: something else has that core; ",
-                        i, queued, window, *w->cpu, ran);
-          report.stalls.push_back(
-              line + (w->let_go == 1
-                          ? "it runs on cpus " + FormatCpuList(others) + " until it is free"
-                          : "it stays pinned: " + why));
-        }
-        w->ran_s = stat->first;
-        w->queued_s = stat->second;
-      }
-      w->core_window = now;
-    }
+    if (On(wire::kEnginePin) && !pinned.empty() && w->cpu && !w->exited && w->tid != 0 &&
+        cores != nullptr)
+      if (std::string moved = w->core.Check(w->tid, *w->cpu, cores->given); !moved.empty())
+        report.stalls.push_back("thread " + std::to_string(i) + ": " + moved);
     // </rung pin>
     if (report.failure.empty() && !w->exited && Clock::now() - w->seen_at > limit)
       report.failure = "a data thread has been stuck in the provider for " +

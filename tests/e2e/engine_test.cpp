@@ -417,49 +417,62 @@ int BusiestPinnedCpu(pid_t pid) {
   return cpu;
 }
 
-// A pinned data thread whose core something else takes (here a real-time task on it, as a
-// host that does not run that vCPU would): the server sees it wait on that core's run queue,
-// moves it to the other cores and says so, and the client's pages are all verified. Without
-// this, a CI host ran a data thread for 0 s in 10 (state R, on cpu 0) and its client was
-// dropped. Needs root (chrt -f) and two CPUs; its own meson test, alone (tests/meson.build).
-TEST(CoreTaken, APinnedDataThreadIsMovedOffACoreSomethingElseTook) {
+// Takes `cpu` with a real-time task (chrt -f 1) until `told` shows in `watched`'s output or
+// 4 s pass; whether it showed. The process is the spinner itself (chrt and taskset exec it):
+// killed here, or by Process's destructor should an assertion end the test first.
+bool TakeCoreUntil(int cpu, const Process& watched, const std::string& told) {
+  Process hog({"/usr/bin/chrt", "-f", "1", "taskset", "-c", std::to_string(cpu), "sh", "-c",
+               "while :; do :; done"});
+  const bool seen = WaitForOutput(watched, told, 4s);
+  hog.Signal(SIGKILL);
+  hog.Wait(10s);
+  return seen;
+}
+
+// A pinned thread whose core something else takes (here a real-time task on it, as a host
+// that does not run that vCPU would): it waits on that core's run queue, is moved to the
+// other cores with a line that says so, and the client's pages are all verified. Without
+// this, a CI host ran a server's data thread for 0 s in 10 (state R, on cpu 0) and its client
+// was dropped. The server's data thread, then the client's receiving thread. Needs root
+// (chrt -f) and two CPUs; its own meson test, alone (tests/meson.build).
+class CoreTaken : public ::testing::TestWithParam<std::string> {};
+TEST_P(CoreTaken, APinnedThreadIsMovedOffACoreSomethingElseTook) {
   if (geteuid() != 0 || sysconf(_SC_NPROCESSORS_ONLN) < 2 || access("/usr/bin/chrt", X_OK) != 0)
     GTEST_SKIP() << "needs root, /usr/bin/chrt and two CPUs";
+  const bool server_side = GetParam() == "server";
   StageServer server(kStage, "shm", 1, {"--memory", "host", "--peer-timeout", "30"});
   ASSERT_FALSE(server.address().empty());
   std::vector<std::string> argv = {StageBinary(kStage)};
   for (auto& a : ProviderArgs("shm")) argv.push_back(a);
   for (auto& a : std::vector<std::string>{server.address(), "--memory", "host", "-S", "64k",
-                                          "--pages", "256", "--repeat", "400", "--timeout", "60"})
+                                          "--pages", "256", "--repeat", "150", "--timeout", "60"})
     argv.push_back(a);
   Process client(argv);
   ASSERT_TRUE(WaitForOutput(client, "progress:", 60s)) << client.Output();
-  const int cpu = BusiestPinnedCpu(server.process().pid());
-  ASSERT_GE(cpu, 0) << "no thread of the server is pinned";
-  {
-    // The process is the real-time spinner itself (chrt and taskset exec it): killed below, or
-    // by Process's destructor should an assertion end the test first.
-    Process hog({"/usr/bin/chrt", "-f", "1", "taskset", "-c", std::to_string(cpu), "sh", "-c",
-                 "while :; do :; done"});
-    const bool told = WaitForOutput(server.process(), "something else has that core", 4s);
-    hog.Signal(SIGKILL);
-    hog.Wait(10s);
-    ASSERT_TRUE(told) << server.process().Output();
-  }
-  const std::string log = server.process().Output();
-  EXPECT_NE(log.find("client 1: thread 0: waited "), std::string::npos) << log;
-  EXPECT_NE(log.find(" on the run queue of its core (cpu " + std::to_string(cpu) + ") and ran "),
+  const int cpu = BusiestPinnedCpu(server_side ? server.process().pid() : client.pid());
+  ASSERT_GE(cpu, 0) << "no thread is pinned";
+  const std::string who =
+      server_side ? "client 1: thread 0: waited " : "receiving thread 0: waited ";
+  const bool told = TakeCoreUntil(cpu, server_side ? server.process() : client, who);
+  const std::string log = server_side ? server.process().Output() : client.Output();
+  ASSERT_TRUE(told) << "cpu " << cpu << " taken\n" << log;
+  const std::string line = log.substr(log.find(who), log.find('\n', log.find(who)) - log.find(who));
+  EXPECT_NE(line.find(" on the run queue of its core (cpu " + std::to_string(cpu) + ") and ran "),
             std::string::npos)
-      << log;
-  EXPECT_NE(log.find("something else has that core; it runs on cpus "), std::string::npos) << log;
+      << line;
+  EXPECT_NE(line.find("something else has that core; it runs on cpus "), std::string::npos) << line;
+  EXPECT_EQ(line.find(std::to_string(cpu) + " from now on"), std::string::npos) << line;
   Result r = client.Wait(120s);
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_EQ(NumberAfter(r.out, "verified "), 256LL * 65536 * 4);  // 4 requests
   Result done = server.Wait();
   EXPECT_EQ(done.exit_code, 0) << done.err;
-  // Moved off, and back once the core was free: the session line counts both.
-  EXPECT_GE(NumberAfter(done.out, "posted from the CQ poll, "), 1) << done.out;
+  // The server's data thread moved off its core once: the session line counts it.
+  if (server_side) {
+    EXPECT_GE(NumberAfter(done.out, "posted from the CQ poll, "), 1) << done.out;
+  }
 }
+INSTANTIATE_TEST_SUITE_P(Threads, CoreTaken, ::testing::Values("server", "client"));
 
 // Which stall lines say the provider held a data thread (the tests that try again once).
 TEST(StallLine, HeldByTheProviderOnlyWhenTheThreadDidNotGoRoundOrPostedNothing) {
