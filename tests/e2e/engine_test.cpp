@@ -372,12 +372,11 @@ TEST_P(Engine, AnotherClientsRegionIsNeverGiven) {
         << log;
     EXPECT_EQ(log.find("client 3"), std::string::npos) << log;
     Result r = owner.Wait(120s);
-    // The owner starved by a data thread the provider held (tcp, a loaded host), not by the
+    // The owner starved by a data thread that was held (a loaded host), not by the
     // thief: once more, with the server's own word for it printed (process.hpp).
     const std::string held = ProviderHeldADataThread(server.process().Output());
     if (r.exit_code != 0 && attempt == 1 && !held.empty()) {
-      std::printf("attempt 1: the provider held the server's data thread: %s; once more\n",
-                  held.c_str());
+      std::printf("attempt 1: the server's data thread was held: %s; once more\n", held.c_str());
       continue;
     }
     ASSERT_EQ(r.exit_code, 0) << r.out << r.err << "--- the server:\n" << server.process().Output();
@@ -474,7 +473,7 @@ TEST_P(CoreTaken, APinnedThreadIsMovedOffACoreSomethingElseTook) {
 }
 INSTANTIATE_TEST_SUITE_P(Threads, CoreTaken, ::testing::Values("server", "client"));
 
-// Which stall lines say the provider held a data thread (the tests that try again once).
+// Which stall lines say a data thread was held (the tests that try again once).
 TEST(StallLine, HeldByTheProviderOnlyWhenTheThreadDidNotGoRoundOrPostedNothing) {
   const std::string held =
       "client 1: thread 0: no WRITE has completed for 5 s, 33 owed; since its last completion "

@@ -463,12 +463,11 @@ TEST_P(HostileService, TransferLongerThanPeerTimeout) {
                            {"--memory", "host", "-S", "64k", "--pages", "1024", "--requests", "1",
                             "--repeat", std::to_string(repeat), "--json"},
                            120s);
-      // Dropped because the provider held the server's data thread past --peer-timeout (tcp,
+      // Dropped because the server's data thread was held past --peer-timeout (tcp,
       // a loaded host): a silence the server was right to count. Once more (process.hpp).
       const std::string why = ProviderHeldADataThread(server.process().Output());
       if (r.exit_code != 0 && attempt == 1 && !why.empty()) {
-        std::printf("attempt 1: the provider held the server's data thread: %s; once more\n",
-                    why.c_str());
+        std::printf("attempt 1: the server's data thread was held: %s; once more\n", why.c_str());
         held = true;
         break;
       }

@@ -78,10 +78,12 @@ long long NumberAfter(const std::string& text, const std::string& key);
 double DecimalAfter(const std::string& text, const std::string& key);
 
 // The 07 server's stall line (07_full_p5/README.md, "When WRITEs stop completing") that says
-// a data thread was held inside a provider call while its client lived: it did not go round
-// its loop, or it had a share to write and nothing in flight. "" when the log has none. A tcp
-// data thread was held so for 3-13 s, now and then on a loaded host (both libfabrics; never
-// on demand): a test that is not about that fault tries its scenario again once, and says so.
+// a data thread was held while its client lived: it did not go round its loop, or it had a
+// share to write and nothing in flight. "" when the log has none. Held 3-13 s now and then
+// on a loaded host (both libfabrics; never on demand): once a thread queued on a core that
+// something else took (state R, 0 s of CPU), which the server now moves it off (CoreWatch),
+// but a held thread is not what the tests that call this test: they try their scenario
+// again once, and say so.
 std::string ProviderHeldADataThread(const std::string& server_log);
 
 // Provider arguments for a test: tcp is pinned to the loopback domain, so nothing leaves
