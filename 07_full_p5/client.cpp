@@ -3,6 +3,7 @@
 // speaks to the server on a control endpoint of its own, sends the warmup and the requests,
 // times them, and verifies every page. --ladder runs one session per rung.
 
+#include <pthread.h>
 #include <rdma/fabric.h>
 #include <rdma/fi_errno.h>
 
@@ -81,6 +82,7 @@ struct Receiver {
 void RunReceiver(Receiver& r, std::span<Network> lanes, size_t requests, WaitMode wait,
                  const std::atomic<bool>& stop, const Topology* pin) {
   r.tid = gettid();
+  pthread_setname_np(pthread_self(), ("07 recv " + std::to_string(r.first_lane)).c_str());
   std::string why;
   if (pin != nullptr && r.cpu && !PinThread(*pin, *r.cpu, why))
     std::printf("warning: receiver not pinned: %s\n", why.c_str());

@@ -7,6 +7,7 @@
 #include <rdma/fabric.h>
 #include <rdma/fi_errno.h>
 
+#include <pthread.h>
 #include <sched.h>
 #include <unistd.h>
 
@@ -330,6 +331,8 @@ constexpr auto kStalled = std::chrono::milliseconds(20);
 void RunWorker(Worker& w) {
   Session& s = *w.session;
   w.tid = gettid();
+  // Named for top -H, perf and the tests ("07 data" and its first lane; 15 characters at most).
+  pthread_setname_np(pthread_self(), ("07 data " + std::to_string(w.first_lane)).c_str());
   try {
     // <rung pin>
     if (s.On(wire::kEnginePin)) PinToGroupCore(w);
