@@ -249,7 +249,7 @@ service::Session::Report Session::Poll() {
       w->stall_told = false;
     }
     // Owed: WRITEs in flight, or none while a share of a request waits to be written (the
-    // thread does not post: stuck in a provider call that came after its last completions).
+    // thread does not post: stuck in a provider call, or queued on a core something else took).
     const uint64_t owed = w->in_flight.load(std::memory_order_relaxed);
     const size_t held = w->shares_held.load(std::memory_order_relaxed);
     const auto quiet = Clock::now() - LastWork(*w);

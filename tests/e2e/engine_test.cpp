@@ -374,7 +374,7 @@ TEST_P(Engine, AnotherClientsRegionIsNeverGiven) {
     Result r = owner.Wait(120s);
     // The owner starved by a data thread that was held (a loaded host), not by the
     // thief: once more, with the server's own word for it printed (process.hpp).
-    const std::string held = ProviderHeldADataThread(server.process().Output());
+    const std::string held = HeldDataThreadLine(server.process().Output());
     if (r.exit_code != 0 && attempt == 1 && !held.empty()) {
       std::printf("attempt 1: the server's data thread was held: %s; once more\n", held.c_str());
       continue;
@@ -482,7 +482,7 @@ TEST_P(CoreTaken, APinnedThreadIsMovedOffACoreSomethingElseTook) {
 INSTANTIATE_TEST_SUITE_P(Threads, CoreTaken, ::testing::Values("server", "client"));
 
 // Which stall lines say a data thread was held (the tests that try again once).
-TEST(StallLine, HeldByTheProviderOnlyWhenTheThreadDidNotGoRoundOrPostedNothing) {
+TEST(StallLine, HeldOnlyWhenTheThreadDidNotGoRoundOrPostedNothing) {
   const std::string held =
       "client 1: thread 0: no WRITE has completed for 5 s, 33 owed; since its last completion "
       "it went round 0 times and the provider refused 0 posts (-FI_EAGAIN); since then it used "
@@ -493,11 +493,11 @@ TEST(StallLine, HeldByTheProviderOnlyWhenTheThreadDidNotGoRoundOrPostedNothing) 
   const std::string paused =
       "client 1: thread 0: no WRITE has completed for 5 s, 64 owed; since its last completion "
       "it went round 39 times and the provider refused 0 posts (-FI_EAGAIN)";
-  EXPECT_EQ(ProviderHeldADataThread("addr: 02\n" + held + "\nclient 1 lost: silent\n"), held);
-  EXPECT_EQ(ProviderHeldADataThread(idle), idle);  // the first line of a log
-  EXPECT_EQ(ProviderHeldADataThread(paused + "\nclient 1 done: 10 WRITEs\n"), "");
-  EXPECT_EQ(ProviderHeldADataThread(paused + "\n" + held + "\n"), held);
-  EXPECT_EQ(ProviderHeldADataThread("client 1 done: 10 WRITEs\n"), "");
+  EXPECT_EQ(HeldDataThreadLine("addr: 02\n" + held + "\nclient 1 lost: silent\n"), held);
+  EXPECT_EQ(HeldDataThreadLine(idle), idle);  // the first line of a log
+  EXPECT_EQ(HeldDataThreadLine(paused + "\nclient 1 done: 10 WRITEs\n"), "");
+  EXPECT_EQ(HeldDataThreadLine(paused + "\n" + held + "\n"), held);
+  EXPECT_EQ(HeldDataThreadLine("client 1 done: 10 WRITEs\n"), "");
 }
 
 // A client with more lanes than the server: refused with the two counts, and a client with

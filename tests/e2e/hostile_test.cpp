@@ -465,7 +465,7 @@ TEST_P(HostileService, TransferLongerThanPeerTimeout) {
                            120s);
       // Dropped because the server's data thread was held past --peer-timeout (tcp,
       // a loaded host): a silence the server was right to count. Once more (process.hpp).
-      const std::string why = ProviderHeldADataThread(server.process().Output());
+      const std::string why = HeldDataThreadLine(server.process().Output());
       if (r.exit_code != 0 && attempt == 1 && !why.empty()) {
         std::printf("attempt 1: the server's data thread was held: %s; once more\n", why.c_str());
         held = true;

@@ -173,7 +173,7 @@ long long NumberAfter(const std::string& text, const std::string& key) {
   return std::stoll(text.substr(pos, end - pos));
 }
 
-std::string ProviderHeldADataThread(const std::string& server_log) {
+std::string HeldDataThreadLine(const std::string& server_log) {
   for (size_t at = server_log.find("no WRITE has completed for "); at != std::string::npos;
        at = server_log.find("no WRITE has completed for ", at + 1)) {
     const size_t begin = server_log.rfind('\n', at) + 1;  // npos + 1 == 0

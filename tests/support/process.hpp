@@ -83,8 +83,8 @@ double DecimalAfter(const std::string& text, const std::string& key);
 // on a loaded host (both libfabrics; never on demand): once a thread queued on a core that
 // something else took (state R, 0 s of CPU), which the server now moves it off (CoreWatch),
 // but a held thread is not what the tests that call this test: they try their scenario
-// again once, and say so.
-std::string ProviderHeldADataThread(const std::string& server_log);
+// again once, and say so. (Named for what the line says, not for its cause.)
+std::string HeldDataThreadLine(const std::string& server_log);
 
 // Provider arguments for a test: tcp is pinned to the loopback domain, so nothing leaves
 // this host.
