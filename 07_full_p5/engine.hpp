@@ -57,12 +57,12 @@ inline constexpr uint32_t kWarmupRequest = 0xffffffff;  // the id of the untimed
 inline constexpr auto kStallTold = std::chrono::seconds(5);
 // <rung pin>
 // A pinned thread cannot leave its core: when something else takes that core (a real-time
-// task, a busy host, a vCPU that does not run), it waits on the core's run queue and no other
-// core can help. Watched once a second by a thread that only watches (the server's service
-// thread, the client's main thread): one that, over the last second, waited on the run queue
-// more than 80% of the time and ran less than 10% of it is moved to the other given cores,
-// once, for the rest of its session: let back onto its core a second later, it was queued
-// there again behind the same task (README.md, "A core that is taken").
+// task, a busy host, a vCPU the hypervisor does not run), it waits on the core's run queue and
+// no other core can help. Watched once a second by a thread that only watches (the server's
+// service thread, the client's main thread): one kept off its core over the last second
+// (common::KeptOffCore: ran under 10% of it, and queued or runnable all along) is moved to the
+// other given cores, once, for the rest of its session: let back onto its core a second
+// later, it was queued there again behind the same task (README.md, "A core that is taken").
 class CoreWatch {
  public:
   // The line to print when it moved thread `tid` off `cpu` ("" otherwise); call it often.
@@ -70,8 +70,8 @@ class CoreWatch {
 
  private:
   Clock::time_point window_ = Clock::now();
-  double ran_s_ = -1, queued_s_ = -1;
-  bool moved_ = false;  // once: moved off its core, or refused
+  std::optional<CoreSample> first_, last_;  // the first sample: where steal time is counted from
+  bool moved_ = false;                      // once: moved off its core, or refused
 };
 // </rung pin>
 

@@ -117,28 +117,17 @@ std::string Whereabouts(Worker& w) {
 }  // namespace
 
 // <rung pin>
-namespace {
-// A thread's time on a CPU and waiting on a run queue so far, in seconds (proc(5):
-// /proc/self/task/TID/schedstat, kernels with schedstats); nullopt where there is none.
-std::optional<std::pair<double, double>> RanAndQueued(pid_t tid) {
-  std::ifstream in("/proc/self/task/" + std::to_string(tid) + "/schedstat");
-  unsigned long long ran = 0, queued = 0;
-  if (!(in >> ran >> queued)) return std::nullopt;
-  return std::make_pair(static_cast<double>(ran) / 1e9, static_cast<double>(queued) / 1e9);
-}
-}  // namespace
 std::string CoreWatch::Check(pid_t tid, unsigned cpu, const std::vector<unsigned>& given) {
   const auto now = Clock::now();
   if (moved_ || given.size() < 2 || now - window_ < std::chrono::seconds(1)) return "";
   const double window = std::chrono::duration<double>(now - window_).count();
   window_ = now;
-  const auto stat = RanAndQueued(tid);
-  if (!stat) return "";
-  const double ran = stat->first - ran_s_, queued = stat->second - queued_s_;
-  const bool taken = ran_s_ >= 0 && queued > 0.8 * window && ran < 0.1 * window;
-  ran_s_ = stat->first;
-  queued_s_ = stat->second;
-  if (!taken) return "";
+  const auto sample = SampleCore(tid, cpu);
+  if (!sample) return "";
+  if (!first_) first_ = sample;
+  const std::string kept = last_ ? KeptOffCore(*last_, *sample, window) : "";
+  last_ = sample;
+  if (kept.empty()) return "";
   // Off that core: a mask that still held it would leave the thread queued there.
   std::vector<unsigned> others;
   for (unsigned c : given)
@@ -146,13 +135,13 @@ std::string CoreWatch::Check(pid_t tid, unsigned cpu, const std::vector<unsigned
   std::string why;
   const bool off = BindThreadTo(others, why, tid);
   moved_ = true;
-  char line[200];
-  std::snprintf(line, sizeof line,
-                "waited %.2f s of the last %.2f s on the run queue of its core (cpu %u) and ran "
-                "%.3f s: something else has that core; ",
-                queued, window, cpu, ran);
-  return line + (off ? "it runs on cpus " + FormatCpuList(others) + " from now on"
-                     : "it stays pinned: " + why);
+  char steal[120];
+  std::snprintf(steal, sizeof steal,
+                "; the hypervisor took %.2f s of cpu %u since the thread was pinned (steal time)",
+                sample->steal_s - first_->steal_s, cpu);
+  return "kept off its core (cpu " + std::to_string(cpu) + "): " + kept + steal +
+         (off ? "; it runs on cpus " + FormatCpuList(others) + " from now on"
+              : "; it stays pinned: " + why);
 }
 // </rung pin>
 // <rung threads>

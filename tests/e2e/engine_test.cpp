@@ -374,9 +374,9 @@ TEST_P(Engine, AnotherClientsRegionIsNeverGiven) {
     Result r = owner.Wait(120s);
     // The owner starved by a data thread that was held (a loaded host), not by the
     // thief: once more, with the server's own word for it printed (process.hpp).
-    const std::string held = HeldDataThreadLine(server.process().Output());
+    const std::string held = HeldDataThreadLine(server.process().Output() + r.out);
     if (r.exit_code != 0 && attempt == 1 && !held.empty()) {
-      std::printf("attempt 1: the server's data thread was held: %s; once more\n", held.c_str());
+      std::printf("attempt 1: a data thread was held: %s; once more\n", held.c_str());
       continue;
     }
     ASSERT_EQ(r.exit_code, 0) << r.out << r.err << "--- the server:\n" << server.process().Output();
@@ -455,8 +455,8 @@ TEST_P(CoreTaken, APinnedThreadIsMovedOffACoreSomethingElseTook) {
     if (cpu < 0) std::this_thread::sleep_for(5ms);
   }
   ASSERT_GE(cpu, 0) << "no pinned thread" << client.Output() << server.process().Output();
-  const std::string who =
-      server_side ? "client 1: thread 0: waited " : "receiving thread 0: waited ";
+  const std::string who = std::string(server_side ? "client 1: thread 0" : "receiving thread 0") +
+                          ": kept off its core (cpu " + std::to_string(cpu) + "): it ran ";
   bool told = false;
   const std::string refused =
       TakeCoreUntil(cpu, server_side ? server.process() : client, who, &told);
@@ -464,10 +464,19 @@ TEST_P(CoreTaken, APinnedThreadIsMovedOffACoreSomethingElseTook) {
   const std::string log = server_side ? server.process().Output() : client.Output();
   ASSERT_TRUE(told) << "cpu " << cpu << " taken\n" << log;
   const std::string line = log.substr(log.find(who), log.find('\n', log.find(who)) - log.find(who));
-  EXPECT_NE(line.find(" on the run queue of its core (cpu " + std::to_string(cpu) + ") and ran "),
+  // Behind a real-time task, which leaves the rest 5% of a core: it ran under 10% of the
+  // window, and wanted to run all along (the client's spinning thread, here) or queued most of
+  // it (the server's, which also waits for a lock now and then).
+  const double window = DecimalAfter(line, " s of the last ");
+  EXPECT_LT(DecimalAfter(line, ": it ran "), 0.1 * window) << line;
+  EXPECT_TRUE(line.find(", runnable all along (state R) and waiting for nothing, and ") !=
+                  std::string::npos ||
+              DecimalAfter(line, ", and ") > 0.8 * window)
+      << line;
+  EXPECT_NE(line.find(" s of waiting on the run queue ended"), std::string::npos) << line;
+  EXPECT_NE(line.find(" since the thread was pinned (steal time); it runs on cpus "),
             std::string::npos)
       << line;
-  EXPECT_NE(line.find("something else has that core; it runs on cpus "), std::string::npos) << line;
   EXPECT_EQ(line.find(std::to_string(cpu) + " from now on"), std::string::npos) << line;
   Result r = client.Wait(120s);
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
@@ -482,7 +491,7 @@ TEST_P(CoreTaken, APinnedThreadIsMovedOffACoreSomethingElseTook) {
 INSTANTIATE_TEST_SUITE_P(Threads, CoreTaken, ::testing::Values("server", "client"));
 
 // Which stall lines say a data thread was held (the tests that try again once).
-TEST(StallLine, HeldOnlyWhenTheThreadDidNotGoRoundOrPostedNothing) {
+TEST(StallLine, HeldOnlyWhenAThreadDidNotGoRoundPostedNothingOrWasKeptOffItsCore) {
   const std::string held =
       "client 1: thread 0: no WRITE has completed for 5 s, 33 owed; since its last completion "
       "it went round 0 times and the provider refused 0 posts (-FI_EAGAIN); since then it used "
@@ -498,6 +507,15 @@ TEST(StallLine, HeldOnlyWhenTheThreadDidNotGoRoundOrPostedNothing) {
   EXPECT_EQ(HeldDataThreadLine(paused + "\nclient 1 done: 10 WRITEs\n"), "");
   EXPECT_EQ(HeldDataThreadLine(paused + "\n" + held + "\n"), held);
   EXPECT_EQ(HeldDataThreadLine("client 1 done: 10 WRITEs\n"), "");
+  // A thread moved off a core that something else took, in the server's log or the client's.
+  const std::string kept =
+      "receiving thread 0: kept off its core (cpu 1): it ran 0.020 s of the last 1.01 s, and "
+      "19.48 s of waiting on the run queue ended (the kernel counts a wait when it ends); the "
+      "hypervisor took 0.00 s of cpu 1 since the thread was pinned (steal time); it runs on "
+      "cpus 0 from now on";
+  EXPECT_EQ(HeldDataThreadLine("progress: 0.9 s, 26.1% done\n" + kept + "\n"), kept);
+  EXPECT_EQ(HeldDataThreadLine(paused + "\nclient 1: thread 0: " + kept.substr(20)),
+            "client 1: thread 0: " + kept.substr(20));
 }
 
 // A client with more lanes than the server: refused with the two counts, and a client with

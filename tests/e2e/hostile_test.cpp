@@ -465,9 +465,9 @@ TEST_P(HostileService, TransferLongerThanPeerTimeout) {
                            120s);
       // Dropped because the server's data thread was held past --peer-timeout (tcp,
       // a loaded host): a silence the server was right to count. Once more (process.hpp).
-      const std::string why = HeldDataThreadLine(server.process().Output());
+      const std::string why = HeldDataThreadLine(server.process().Output() + r.out);
       if (r.exit_code != 0 && attempt == 1 && !why.empty()) {
-        std::printf("attempt 1: the server's data thread was held: %s; once more\n", why.c_str());
+        std::printf("attempt 1: a data thread was held: %s; once more\n", why.c_str());
         held = true;
         break;
       }
@@ -526,8 +526,10 @@ TEST_P(HostileService, ForgedMessagesToAClient) {
 TEST_P(HostileService, ConnectClaimingAClientsLaneWaits) {
   Attacked server("07_full_p5", provider());
   ASSERT_FALSE(server.address().empty());
-  bool whole_attack = false;
-  for (int repeat : {200, 800, 3200}) {  // until the victim outlives the attack
+  bool whole_attack = false, tried_again = false;
+  const int repeats[] = {200, 800, 3200};  // until the victim outlives the attack
+  for (size_t round = 0; round < std::size(repeats); ++round) {
+    const int repeat = repeats[round];
     TempDir dir;
     const std::string lanes = dir.path() + "/lanes";
     std::vector<std::string> argv = {StageBinary("07_full_p5")};
@@ -556,7 +558,17 @@ TEST_P(HostileService, ConnectClaimingAClientsLaneWaits) {
     const std::string during = server.process().Output().substr(before);
     whole_attack = during.find(" done: ") == std::string::npos;  // the victim's session lasted
     Result r = victim.Wait(300s);
-    ASSERT_EQ(r.exit_code, 0) << r.out << r.err << "--- the server:\n" << server.process().Output();
+    // The victim starved by a data thread that was held (a loaded host), not by the claim:
+    // this round once more, with the held thread's line printed (process.hpp).
+    const std::string this_round = server.process().Output().substr(earlier);
+    const std::string held = HeldDataThreadLine(this_round + r.out);
+    if (r.exit_code != 0 && !tried_again && !held.empty()) {
+      std::printf("a data thread was held: %s; this round once more\n", held.c_str());
+      tried_again = true;
+      --round;
+      continue;
+    }
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err << "--- the server, this round:\n" << this_round;
     EXPECT_EQ(NumberAfter(r.out, "\"verified_bytes\":"), 256LL * 65536) << r.out;
     if (!whole_attack) continue;
     EXPECT_NE(claimer.out.find("naming the victim's lane; 0 answers"), std::string::npos)

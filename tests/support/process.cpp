@@ -173,13 +173,15 @@ long long NumberAfter(const std::string& text, const std::string& key) {
   return std::stoll(text.substr(pos, end - pos));
 }
 
-std::string HeldDataThreadLine(const std::string& server_log) {
-  for (size_t at = server_log.find("no WRITE has completed for "); at != std::string::npos;
-       at = server_log.find("no WRITE has completed for ", at + 1)) {
-    const size_t begin = server_log.rfind('\n', at) + 1;  // npos + 1 == 0
-    const std::string line = server_log.substr(begin, server_log.find('\n', at) - begin);
-    if (line.find("went round 0 times") != std::string::npos ||
-        line.find("none in flight") != std::string::npos)
+std::string HeldDataThreadLine(const std::string& log) {
+  for (size_t begin = 0; begin < log.size();) {
+    const size_t end = std::min(log.find('\n', begin), log.size());
+    const std::string line = log.substr(begin, end - begin);
+    begin = end + 1;
+    if (line.find(": kept off its core (cpu ") != std::string::npos) return line;
+    if (line.find("no WRITE has completed for ") != std::string::npos &&
+        (line.find("went round 0 times") != std::string::npos ||
+         line.find("none in flight") != std::string::npos))
       return line;
   }
   return "";

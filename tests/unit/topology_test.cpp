@@ -1,5 +1,11 @@
 // Topology grouping on hwloc XML fixtures (tests/data/, written by make_topology_fixtures.py).
 #include <gtest/gtest.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <thread>
 
 #include "topology.hpp"
 
@@ -175,4 +181,67 @@ TEST(Cores, ThisProcessIsGivenTheCoresItRunsOn) {
   EXPECT_EQ(GivenCpus(), given);
   EXPECT_FALSE(BindThreadTo({}, why));
   EXPECT_EQ(why, "no CPU to bind to");
+}
+
+// The samples of a thread kept off its core, and of threads that are not.
+TEST(Cores, KeptOffCoreOnlyWhenTheThreadRanLittleAndWantedToRun) {
+  auto sample = [](double ran, double queued, char state, long long waits) {
+    CoreSample s;
+    s.ran_s = ran;
+    s.queued_s = queued;
+    s.state = state;
+    s.waits = waits;
+    return s;
+  };
+  // A CI run of 12-03: a spinning client thread on cpu 1 did not run for 19.5 s, then ran; its
+  // wait showed only then, in a window of 1.01 s.
+  EXPECT_EQ(KeptOffCore(sample(5.0, 0.5, 'R', 3), sample(5.02, 19.98, 'R', 3), 1.01),
+            "it ran 0.020 s of the last 1.01 s, runnable all along (state R) and waiting for "
+            "nothing, and 19.48 s of waiting on the run queue ended (the kernel counts a wait "
+            "when it ends)");
+  // The wait still going on: no run, no wait counted, runnable (a CI run of 12-02: state R, 0 s
+  // of CPU for 10 s).
+  EXPECT_NE(KeptOffCore(sample(2.0, 0.1, 'R', 10), sample(2.0, 0.1, 'R', 10), 1.0), "");
+  // Behind a real-time task, which leaves 5% of a core to the rest (this machine, Linux 6.18).
+  EXPECT_NE(KeptOffCore(sample(1.0, 0.0, 'R', 1), sample(1.055, 0.95, 'R', 1), 1.0), "");
+  // A thread that sleeps between its waits, queued most of the second all the same.
+  EXPECT_EQ(KeptOffCore(sample(1.0, 0.0, 'S', 5), sample(1.05, 0.9, 'R', 9), 1.0),
+            "it ran 0.050 s of the last 1.00 s, and 0.90 s of waiting on the run queue ended "
+            "(the kernel counts a wait when it ends)");
+  // Asleep, or woken and waiting for something again: not kept off, only idle.
+  EXPECT_EQ(KeptOffCore(sample(1.0, 0.0, 'S', 5), sample(1.001, 0.0, 'S', 6), 1.0), "");
+  EXPECT_EQ(KeptOffCore(sample(1.0, 0.0, 'R', 5), sample(1.01, 0.01, 'R', 6), 1.0), "");
+  // Running, alone or sharing its core with one other task.
+  EXPECT_EQ(KeptOffCore(sample(1.0, 0.0, 'R', 5), sample(2.0, 0.0, 'R', 5), 1.0), "");
+  EXPECT_EQ(KeptOffCore(sample(1.0, 0.0, 'R', 5), sample(1.5, 0.5, 'R', 5), 1.0), "");
+}
+
+// What the kernel says of two real threads: one that spins, one that sleeps.
+TEST(Cores, SampleCoreReadsTheKernelsFiguresOfAThread) {
+  std::atomic<bool> stop{false};
+  std::atomic<pid_t> spinner{0}, sleeper{0};
+  std::thread spin([&] {
+    spinner = static_cast<pid_t>(syscall(SYS_gettid));
+    while (!stop) {
+    }
+  });
+  std::thread sleep([&] {
+    sleeper = static_cast<pid_t>(syscall(SYS_gettid));
+    while (!stop) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  });
+  while (spinner == 0 || sleeper == 0) std::this_thread::yield();
+  const auto spin0 = SampleCore(spinner, 0), sleep0 = SampleCore(sleeper, 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const auto spin1 = SampleCore(spinner, 0), sleep1 = SampleCore(sleeper, 0);
+  stop = true;
+  spin.join();
+  sleep.join();
+  if (!spin0) GTEST_SKIP() << "this kernel has no schedstat (/proc/self/task/TID/schedstat)";
+  ASSERT_TRUE(spin1 && sleep0 && sleep1);
+  EXPECT_GT(spin1->ran_s, spin0->ran_s);  // it ran, however loaded the host
+  EXPECT_EQ(spin1->state, 'R');
+  EXPECT_EQ(spin1->waits, spin0->waits);        // it never waited for anything
+  EXPECT_GE(sleep1->waits, sleep0->waits + 5);  // 30 sleeps of 10 ms
+  EXPECT_GE(spin1->steal_s, spin0->steal_s);
+  EXPECT_GE(spin0->steal_s, 0.0);
 }
