@@ -6,6 +6,7 @@
 #include <pthread.h>
 #include <rdma/fabric.h>
 #include <rdma/fi_errno.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <atomic>
@@ -29,6 +30,22 @@
 #include "provider.hpp"
 
 namespace p5 {
+
+// Over shm, our endpoints' files in /dev/shm, which a server opens to reach them: one that is
+// gone (removed while we ran: a CI run of 2.6 once saw its server refuse a client's every
+// CONNECT for want of its lane's file) is named, for a client whose CONNECT went unanswered.
+std::string EndpointFilesGone(const Network& control, const std::vector<Network>& lanes) {
+  std::string gone;
+  auto check = [&](const Network& n, const std::string& what) {
+    const std::string file = ShmFileOf(n.Address(), *n.info);
+    struct stat st {};
+    if (!file.empty() && stat(file.c_str(), &st) != 0)
+      gone += "; our " + what + "'s file " + file + " is gone, so no peer can reach it";
+  };
+  check(control, "control endpoint");
+  for (size_t l = 0; l < lanes.size(); ++l) check(lanes[l], "lane " + std::to_string(l));
+  return gone;
+}
 
 // The engine's options, besides what the wire allows of a request (CheckRequestSize).
 void CheckClientOptions(const Options& options) {
@@ -470,7 +487,7 @@ Summary RunSession(const Options& options, std::span<const uint8_t> peer, wire::
       Abandon(kProgram,
               "no answer from the server within " + FormatSeconds(limit) + " to our CONNECT (" +
                   (mail.Queued(server) ? "its endpoint has not taken it" : "taken, unanswered") +
-                  ": is it running at that address?)");
+                  ": is it running at that address?)" + EndpointFilesGone(control, lanes));
     if (mail.Idle() && again.Due()) send(connect);  // our address is in the server's AV now
   }
   // The receivers start only now: until ACCEPT this thread puts the server's writers into the

@@ -105,15 +105,25 @@ void CheckAddress(std::span<const uint8_t> address, const fi_info& info) {
     // CONNECTs naming files nobody created filled a server's AV (shm's holds 256) although
     // it removed all but 193 of them (HostileOverShm.KilledClientThenManyNewAddresses): such a name
     // is refused here, before it reaches the AV.
-    const std::string name(reinterpret_cast<const char*>(address.data()), address.size() - 1);
-    constexpr std::string_view kPrefix = "fi_shm://";
+    const std::string file = ShmFileOf(address, info);
     struct stat st {};
-    if (provider == "shm" && name.rfind(kPrefix, 0) == 0 &&
-        name.find('/', kPrefix.size()) == std::string::npos &&
-        stat(("/dev/shm/" + name.substr(kPrefix.size())).c_str(), &st) != 0)
-      throw Error("no shm endpoint is named " + name + " (no /dev/shm/" +
-                  name.substr(kPrefix.size()) + "): is that server or peer running?");
+    if (!file.empty() && stat(file.c_str(), &st) != 0)
+      throw Error("no shm endpoint is named " +
+                  std::string(reinterpret_cast<const char*>(address.data()), address.size() - 1) +
+                  " (no " + file + "): is that server or peer running?");
   }
+}
+
+std::string ShmFileOf(std::span<const uint8_t> address, const fi_info& info) {
+  constexpr std::string_view kPrefix = "fi_shm://";
+  if (std::string(info.fabric_attr->prov_name) != "shm" || address.size() < 2 ||
+      address.back() != 0)
+    return "";
+  const std::string name(reinterpret_cast<const char*>(address.data()), address.size() - 1);
+  if (name.rfind(kPrefix, 0) != 0 || name.find('/', kPrefix.size()) != std::string::npos ||
+      name.size() == kPrefix.size())
+    return "";
+  return "/dev/shm/" + name.substr(kPrefix.size());
 }
 
 // Writes `text` and a newline to `path`, all of it or nothing: on failure, a UsageError that

@@ -26,6 +26,11 @@ const char* AddressFormatName(uint32_t addr_format);
 // Throws UsageError unless `address` has a shape the provider's format accepts.
 void CheckAddress(std::span<const uint8_t> address, const fi_info& info);
 
+// The file of /dev/shm in which an shm endpoint named `address` keeps its queues (shm's
+// "fi_shm://1234:0:1": /dev/shm/1234:0:1), created when the endpoint is enabled; "" for an
+// address that is not such a name.
+std::string ShmFileOf(std::span<const uint8_t> address, const fi_info& info);
+
 // Prints "addr: <hex>" and, when `path` is not empty, writes the hex (and a newline) there.
 void PublishAddress(std::span<const uint8_t> address, const std::string& path);
 

@@ -88,6 +88,10 @@ std::string Process::Output() const {
   return Slurp(out_path_);
 }
 
+std::string Process::Errors() const {
+  return Slurp(err_path_);
+}
+
 Result Process::Wait(std::chrono::duration<double> limit) {
   Result r;
   const auto deadline = Clock::now() + limit;

@@ -41,6 +41,7 @@ class Process {
   Result Wait(std::chrono::duration<double> limit = std::chrono::seconds(60));
   void Signal(int sig);
   std::string Output() const;  // what it printed on stdout so far
+  std::string Errors() const;  // and on stderr
 
  private:
   pid_t pid_ = -1;
