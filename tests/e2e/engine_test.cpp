@@ -376,7 +376,12 @@ TEST_P(Engine, AnotherClientsRegionIsNeverGiven) {
     // thief: once more, with the server's own word for it printed (process.hpp).
     const std::string held = HeldDataThreadLine(server.process().Output() + r.out);
     if (r.exit_code != 0 && attempt == 1 && !held.empty()) {
-      std::printf("attempt 1: a data thread was held: %s; once more\n", held.c_str());
+      // How the owner ended, for the next reader: CI's owners outlived the move by minutes.
+      std::printf(
+          "attempt 1: a data thread was held: %s; the owner (exit %d) ended: %s%s; once "
+          "more\n",
+          held.c_str(), r.exit_code,
+          r.out.substr(r.out.size() - std::min<size_t>(r.out.size(), 600)).c_str(), r.err.c_str());
       continue;
     }
     ASSERT_EQ(r.exit_code, 0) << r.out << r.err << "--- the server:\n" << server.process().Output();
