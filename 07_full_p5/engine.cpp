@@ -219,7 +219,7 @@ void Flush(Worker& w, size_t lane) {
       else
         op->riders.swap(w.riders[lane]);
       ++w.posts;
-      if (!more) ++w.doorbells;
+      if (!more || !w.lanes[lane].reads_more) ++w.doorbells;  // a post the provider sends at once
       if (op->share->posted++ == 0) op->share->first_post = Clock::now();
     }
     w.held_back[lane] = 0;

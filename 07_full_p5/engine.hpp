@@ -130,6 +130,8 @@ class Network : public Endpoint {
   // Only the last WRITE of a doorbell's group reports its completion, and vouches for the
   // WRITEs before it that were copied out at once (WriteCompletion).
   bool selective = false;
+  // The provider reads FI_MORE (ReadsMore): a WRITE posted with it waits for the next doorbell.
+  bool reads_more = false;
 };
 // The lanes: every group's NICs, group after group, and which group each lane belongs to.
 struct Plan {

@@ -227,7 +227,8 @@ void AddOptions(CLI::App& app, Options& o, unsigned groups) {
             "N");
     AddSize(app, "--doorbell", &o.doorbell,
             "Client: WRITEs per doorbell: FI_MORE on all but the last of each group, so the "
-            "provider can ring the NIC once for them (1: every WRITE rings it)",
+            "provider can ring the NIC once for them (1: every WRITE rings it; efa reads FI_MORE, "
+            "shm and tcp do not)",
             "N");
     AddOff(app, "--eager-post", &o.lazy,
            "Client: the server posts each WRITE at once instead of from its CQ poll");
