@@ -8,6 +8,22 @@ bytes_of() {  # 4096, 64k, 2m, 1g -> bytes; exit status 1 for what is not a size
     printf "%.0f\n", n * (u == "k" ? 1024 : u == "m" ? 1048576 : u == "g" ? 1073741824 : 1)}'
 }
 field() { sed -n "s/.*\"$1\":\([0-9.]*\).*/\1/p"; }
+# await_server PID SECONDS COMMAND...: waits until COMMAND succeeds (the server has written its
+# address), while the server PID lives, for at most SECONDS of wall time; otherwise says why on
+# stderr and returns 1. A server that died is seen at once; one that a loaded host has not run
+# yet is waited for: 2-core CI VMs have left a runnable process unscheduled for 20 s.
+await_server() {
+  local pid=$1 limit=$2; shift 2
+  local end=$((SECONDS + limit))
+  until "$@" 2>/dev/null; do
+    if ! kill -0 "$pid" 2>/dev/null; then
+      "$@" 2>/dev/null && return 0
+      echo "the server (pid $pid) ended before it gave its address" >&2; return 1
+    fi
+    [ "$SECONDS" -lt "$end" ] || { echo "the server (pid $pid) gave no address in $limit s" >&2; return 1; }
+    sleep 0.05
+  done
+}
 # verdict "BELOW" "THIS" up|down: what a change did to a figure, from the runs on each side
 # (space-separated; up: higher is better, down: lower is better). "gain" when every run of THIS
 # beats every run of BELOW in that direction (the two ranges do not overlap), "loss" when every
@@ -69,7 +85,7 @@ run() {
   scripts/minicluster exec A "${cpus[@]}" "$bin" -p tcp $server_args --memory host --address-file "$tmp/addr" \
     --exit-after "${MAX_CLIENTS:-1}" >"$tmp/server.log" 2>&1 &
   local server=$!
-  for _ in $(seq 200); do [ -s "$tmp/addr" ] && break; sleep 0.05; done
+  await_server "$server" 60 test -s "$tmp/addr" || true  # the client then says what is missing
   scripts/minicluster exec B "${cpus[@]}" "$bin" -p tcp "$(cat "$tmp/addr")" --memory host --json $client_args ||
     { echo "client failed; server printed:" >&2; cat "$tmp/server.log" >&2; }
   wait "$server"

@@ -14,6 +14,7 @@ cleanup() {
 }
 trap cleanup EXIT
 fail() { echo "FAIL: $*"; exit 1; }
+source "$root/scripts/bench-lib.sh"  # await_server
 
 # Builds DIR/07_full_p5 (the rung below) into DIR/07_full_p5.bin: the files that differ from
 # 07_full_p5 are compiled as compile_commands.json compiles 07's, without optimization or
@@ -78,8 +79,8 @@ for r in $rungs; do
   rm -f "$tmp/addr"
   "$bin" -p shm --memory host --address-file "$tmp/addr" --exit-after 1 >"$tmp/server.out" 2>&1 &
   server=$!
-  for _ in $(seq 200); do [ -s "$tmp/addr" ] && break; sleep 0.1; done
-  [ -s "$tmp/addr" ] || fail "rung $r: the rung below's server wrote no address: $(cat "$tmp/server.out")"
+  await_server "$server" 60 test -s "$tmp/addr" 2>"$tmp/why" ||
+    fail "rung $r: the rung below's server: $(cat "$tmp/why"): $(cat "$tmp/server.out")"
   out=$(timeout 120 "$bin" -p shm "$(cat "$tmp/addr")" --memory host -S 4k --pages 64 --requests 2 \
     --json 2>&1) || fail "rung $r: the rung below's client exited $?: $out"
   grep -q '"verified_bytes":524288' <<<"$out" || fail "rung $r: not every page verified: $out"
