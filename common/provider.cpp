@@ -86,12 +86,17 @@ static FiInfoPtr GetInfo(const fi_info& hints, const std::string& provider) {
   return FiInfoPtr(list);
 }
 
-void RemoveShmRegionsOf(pid_t pid) {
+std::vector<std::filesystem::path> ShmRegionsOf(pid_t pid) {
   const std::string prefix = std::to_string(pid) + ":";
+  std::vector<std::filesystem::path> regions;
   std::error_code ec;
   for (const auto& entry : std::filesystem::directory_iterator("/dev/shm", ec))
-    if (entry.path().filename().string().rfind(prefix, 0) == 0)
-      std::filesystem::remove(entry.path(), ec);
+    if (entry.path().filename().string().rfind(prefix, 0) == 0) regions.push_back(entry.path());
+  return regions;
+}
+void RemoveShmRegionsOf(pid_t pid) {
+  std::error_code ec;
+  for (const auto& region : ShmRegionsOf(pid)) std::filesystem::remove(region, ec);
 }
 
 // Regions named with our own id can only have been left by a dead process: remove them,

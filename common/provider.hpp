@@ -9,6 +9,7 @@
 #include "fabric_handles.hpp"
 #include "options.hpp"
 
+#include <filesystem>
 #include <span>
 #include <string>
 #include <vector>
@@ -57,9 +58,12 @@ FiInfoPtr SelectProvider(const fi_info& hints, const Options& options,
 // Sum of the link speeds libfabric reports for these domains, in Gbit/s (0 when unknown).
 double LinkGbps(const fi_info& info);
 
-// Removes the shared-memory regions shm made for process `pid` (/dev/shm/PID:...). Only for
-// a process that is gone: a process killed with SIGKILL leaves them behind, 16 MiB each, and
-// shm cannot open an endpoint (EBUSY) for a later process that gets the same id.
+// The shared-memory regions shm made for process `pid`: /dev/shm/PID:UID:INDEX, a file per
+// endpoint.
+std::vector<std::filesystem::path> ShmRegionsOf(pid_t pid);
+// Removes them. Only for a process that is gone: a process killed with SIGKILL leaves them
+// behind, 16 MiB each, and shm cannot open an endpoint (EBUSY) for a later process that gets
+// the same id.
 void RemoveShmRegionsOf(pid_t pid);
 
 }  // namespace common

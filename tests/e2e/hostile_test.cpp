@@ -13,8 +13,6 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -23,6 +21,7 @@
 
 #include "address.hpp"
 #include "process.hpp"
+#include "provider.hpp"
 
 using namespace testing_support;
 using namespace std::chrono_literals;
@@ -30,19 +29,11 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-// What shm made for process `pid` in /dev/shm (PID:UID:INDEX, a file per endpoint), by name.
+// What shm made for process `pid` in /dev/shm, by name.
 std::string ShmFilesOf(pid_t pid) {
   std::string names;
-  std::error_code error;
-  for (const auto& entry : std::filesystem::directory_iterator("/dev/shm", error))
-    if (entry.path().filename().string().rfind(std::to_string(pid) + ":", 0) == 0)
-      names += entry.path().filename().string() + " ";
+  for (const auto& region : common::ShmRegionsOf(pid)) names += region.filename().string() + " ";
   return names.empty() ? "none" : names;
-}
-
-std::string TextOf(const std::string& path) {
-  std::ifstream in(path);
-  return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
 std::string HostilePeer() {
@@ -570,7 +561,7 @@ TEST_P(HostileService, ConnectClaimingAClientsLaneWaits) {
       ASSERT_LT(Clock::now(), end)
           << "the victim (pid " << victim.pid()
           << ") never connected; in /dev/shm now: " << ShmFilesOf(victim.pid())
-          << "; its lanes: " << TextOf(lanes) << "\n--- the victim:\n"
+          << "; its lanes: " << ReadFile(lanes) << "\n--- the victim:\n"
           << victim.Output() << victim.Errors() << "--- the server, this round:\n"
           << server.process().Output().substr(earlier);
       std::this_thread::sleep_for(20ms);

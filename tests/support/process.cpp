@@ -21,7 +21,7 @@ namespace testing_support {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
-static std::string Slurp(const std::string& path) {
+std::string ReadFile(const std::string& path) {
   std::ifstream in(path);
   std::stringstream s;
   s << in.rdbuf();
@@ -85,11 +85,11 @@ void Process::Signal(int sig) {
 }
 
 std::string Process::Output() const {
-  return Slurp(out_path_);
+  return ReadFile(out_path_);
 }
 
 std::string Process::Errors() const {
-  return Slurp(err_path_);
+  return ReadFile(err_path_);
 }
 
 Result Process::Wait(std::chrono::duration<double> limit) {
@@ -116,8 +116,8 @@ Result Process::Wait(std::chrono::duration<double> limit) {
   }
   pid_ = -1;
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  r.out = Slurp(out_path_);
-  r.err = Slurp(err_path_);
+  r.out = ReadFile(out_path_);
+  r.err = ReadFile(err_path_);
   // A crash must say which signal: "exit code -1" alone cannot be told from a timeout.
   if (WIFSIGNALED(status))
     r.err += "\n[test support: process ended by signal " + std::to_string(WTERMSIG(status)) + " (" +
@@ -160,7 +160,7 @@ bool WaitForOutput(const Process& process, const std::string& text,
 std::string WaitForLine(const std::string& path, std::chrono::duration<double> limit) {
   const auto deadline = Clock::now() + limit;
   while (Clock::now() < deadline) {
-    std::string text = Slurp(path);
+    std::string text = ReadFile(path);
     if (auto nl = text.find('\n'); nl != std::string::npos) return text.substr(0, nl);
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }

@@ -66,6 +66,8 @@ class TempDir {
   std::string path_;
 };
 
+// The whole of a file ("" when it cannot be read).
+std::string ReadFile(const std::string& path);
 // Waits for `path` to hold a whole line and returns it without the newline ("" on timeout).
 std::string WaitForLine(const std::string& path, std::chrono::duration<double> limit);
 // Waits until `process` printed `text` on stdout (true), or `limit` passed (false).
