@@ -126,6 +126,7 @@ std::string CoreWatch::Check(pid_t tid, unsigned cpu, const std::vector<unsigned
   if (!sample) return "";
   if (!first_) first_ = sample;
   const std::string kept = last_ ? KeptOffCore(*last_, *sample, window) : "";
+  const auto before = last_;
   last_ = sample;
   if (kept.empty()) return "";
   // Off that core: a mask that still held it would leave the thread queued there.
@@ -139,7 +140,8 @@ std::string CoreWatch::Check(pid_t tid, unsigned cpu, const std::vector<unsigned
   std::snprintf(steal, sizeof steal,
                 "; the hypervisor took %.2f s of cpu %u since the thread was pinned (steal time)",
                 sample->steal_s - first_->steal_s, cpu);
-  return "kept off its core (cpu " + std::to_string(cpu) + "): " + kept + steal +
+  return "kept off its core (cpu " + std::to_string(cpu) + "): " + kept + "; cpu " +
+         std::to_string(cpu) + " meanwhile: " + CpuSplit(*before, *sample) + steal +
          (off ? "; it runs on cpus " + FormatCpuList(others) + " from now on"
               : "; it stays pinned: " + why);
 }

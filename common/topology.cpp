@@ -324,9 +324,24 @@ std::optional<CoreSample> SampleCore(pid_t tid, unsigned cpu) {
       std::istringstream fields(line.substr(name.size()));
       unsigned long long ticks[8] = {};  // user nice system idle iowait irq softirq steal
       for (auto& t : ticks) fields >> t;
-      s.steal_s = static_cast<double>(ticks[7]) / static_cast<double>(sysconf(_SC_CLK_TCK));
+      const double tick = 1.0 / static_cast<double>(sysconf(_SC_CLK_TCK));
+      s.user_s = static_cast<double>(ticks[0] + ticks[1]) * tick;
+      s.system_s = static_cast<double>(ticks[2]) * tick;
+      s.idle_s = static_cast<double>(ticks[3] + ticks[4]) * tick;
+      s.interrupts_s = static_cast<double>(ticks[5] + ticks[6]) * tick;
+      s.steal_s = static_cast<double>(ticks[7]) * tick;
     }
   return s;
+}
+
+std::string CpuSplit(const CoreSample& before, const CoreSample& now) {
+  char words[160];
+  std::snprintf(words, sizeof words,
+                "user %.2f s, system %.2f s, interrupts %.2f s, idle %.2f s, steal %.2f s",
+                now.user_s - before.user_s, now.system_s - before.system_s,
+                now.interrupts_s - before.interrupts_s, now.idle_s - before.idle_s,
+                now.steal_s - before.steal_s);
+  return words;
 }
 
 std::string KeptOffCore(const CoreSample& before, const CoreSample& now, double window_s) {

@@ -480,6 +480,8 @@ TEST_P(CoreTaken, APinnedThreadIsMovedOffACoreSomethingElseTook) {
               DecimalAfter(line, ", and ") > 0.8 * window)
       << line;
   EXPECT_NE(line.find(" s of waiting on the run queue ended"), std::string::npos) << line;
+  // Where that cpu's time went meanwhile: to the real-time task's loop, user time.
+  EXPECT_GT(DecimalAfter(line, " meanwhile: user "), 0.5 * window) << line;
   EXPECT_NE(line.find(" since the thread was pinned (steal time); it runs on cpus "),
             std::string::npos)
       << line;

@@ -230,9 +230,14 @@ TEST(Cores, SampleCoreReadsTheKernelsFiguresOfAThread) {
     while (!stop) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   });
   while (spinner == 0 || sleeper == 0) std::this_thread::yield();
+  using Clock = std::chrono::steady_clock;
+  const auto outer0 = Clock::now();
   const auto spin0 = SampleCore(spinner, 0), sleep0 = SampleCore(sleeper, 0);
+  const auto inner0 = Clock::now();
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const auto inner1 = Clock::now();
   const auto spin1 = SampleCore(spinner, 0), sleep1 = SampleCore(sleeper, 0);
+  const auto outer1 = Clock::now();
   stop = true;
   spin.join();
   sleep.join();
@@ -244,4 +249,25 @@ TEST(Cores, SampleCoreReadsTheKernelsFiguresOfAThread) {
   EXPECT_GE(sleep1->waits, sleep0->waits + 5);  // 30 sleeps of 10 ms
   EXPECT_GE(spin1->steal_s, spin0->steal_s);
   EXPECT_GE(spin0->steal_s, 0.0);
+  // Every moment of cpu 0 went somewhere: the split adds up to the time between the samples
+  // (within a tick, 10 ms, at each end).
+  const double split =
+      (spin1->user_s + spin1->system_s + spin1->interrupts_s + spin1->idle_s + spin1->steal_s) -
+      (spin0->user_s + spin0->system_s + spin0->interrupts_s + spin0->idle_s + spin0->steal_s);
+  EXPECT_GE(split, std::chrono::duration<double>(inner1 - inner0).count() - 0.025);
+  EXPECT_LE(split, std::chrono::duration<double>(outer1 - outer0).count() + 0.025);
+}
+
+// Where a cpu's time went between two samples, in the words of the kept-off line.
+TEST(Cores, CpuSplitSaysWhereTheTimeWent) {
+  CoreSample before, now;
+  before.user_s = 10.0;
+  before.idle_s = 3.0;
+  before.steal_s = 0.5;
+  now = before;
+  now.user_s = 10.97;
+  now.system_s = 0.02;
+  now.interrupts_s = 0.01;
+  EXPECT_EQ(CpuSplit(before, now),
+            "user 0.97 s, system 0.02 s, interrupts 0.01 s, idle 0.00 s, steal 0.00 s");
 }
