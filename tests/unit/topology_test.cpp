@@ -234,7 +234,7 @@ TEST(Cores, SampleCoreReadsTheKernelsFiguresOfAThread) {
   const auto outer0 = Clock::now();
   const auto spin0 = SampleCore(spinner, 0), sleep0 = SampleCore(sleeper, 0);
   const auto inner0 = Clock::now();
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
   const auto inner1 = Clock::now();
   const auto spin1 = SampleCore(spinner, 0), sleep1 = SampleCore(sleeper, 0);
   const auto outer1 = Clock::now();
@@ -246,16 +246,17 @@ TEST(Cores, SampleCoreReadsTheKernelsFiguresOfAThread) {
   EXPECT_GT(spin1->ran_s, spin0->ran_s);  // it ran, however loaded the host
   EXPECT_EQ(spin1->state, 'R');
   EXPECT_EQ(spin1->waits, spin0->waits);        // it never waited for anything
-  EXPECT_GE(sleep1->waits, sleep0->waits + 5);  // 30 sleeps of 10 ms
+  EXPECT_GE(sleep1->waits, sleep0->waits + 5);  // 50 sleeps of 10 ms
   EXPECT_GE(spin1->steal_s, spin0->steal_s);
   EXPECT_GE(spin0->steal_s, 0.0);
-  // Every moment of cpu 0 went somewhere: the split adds up to the time between the samples
-  // (within a tick, 10 ms, at each end).
+  // Every moment of cpu 0 went somewhere: the split adds up to the time between the samples,
+  // within a few ticks of 10 ms (the kernel counts busy time a tick at a time, and each of the
+  // five figures is rounded down to a tick at each sample: CI once saw 0.27 s of 0.30).
   const double split =
       (spin1->user_s + spin1->system_s + spin1->interrupts_s + spin1->idle_s + spin1->steal_s) -
       (spin0->user_s + spin0->system_s + spin0->interrupts_s + spin0->idle_s + spin0->steal_s);
-  EXPECT_GE(split, std::chrono::duration<double>(inner1 - inner0).count() - 0.025);
-  EXPECT_LE(split, std::chrono::duration<double>(outer1 - outer0).count() + 0.025);
+  EXPECT_GE(split, std::chrono::duration<double>(inner1 - inner0).count() - 0.06);
+  EXPECT_LE(split, std::chrono::duration<double>(outer1 - outer0).count() + 0.06);
 }
 
 // Where a cpu's time went between two samples, in the words of the kept-off line.
