@@ -23,7 +23,10 @@ SH
 runner=$!
 wait "$runner"
 rc=$?
-pkill -KILL -s "$runner" 2>/dev/null  # its session: servers and clients it left running
+# Its session: servers and clients it left running, and the shm regions they leave when killed.
+for left in $(pgrep -s "$runner" 2>/dev/null); do
+  kill -KILL "$left" 2>/dev/null && rm -f /dev/shm/"$left":*
+done
 out=$(cat "$work/out")
 echo "$out"
 [ $rc -eq 0 ] || { echo "FAIL: exit $rc"; exit 1; }

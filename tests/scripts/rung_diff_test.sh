@@ -8,8 +8,11 @@ set -uo pipefail
 root=$1 build=$2
 tmp=$(mktemp -d)
 server=
-cleanup() {
-  [ -n "$server" ] && kill -9 "$server" 2>/dev/null
+cleanup() {  # a server killed here leaves its shm regions in /dev/shm (13 MB each): removed
+  if [ -n "$server" ] && kill -9 "$server" 2>/dev/null; then
+    wait "$server" 2>/dev/null
+    rm -f /dev/shm/"$server":*
+  fi
   rm -rf "$tmp"
 }
 trap cleanup EXIT
