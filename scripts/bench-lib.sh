@@ -24,6 +24,14 @@ await_server() {
     sleep 0.05
   done
 }
+# remove_shm_regions PID...: what shm made for each process in /dev/shm (PID:UID:INDEX, 13 MB
+# a file), which one killed with SIGKILL leaves behind; only for processes that are gone (the
+# programs' own is common::RemoveShmRegionsOf). Anything but a pid is ignored.
+remove_shm_regions() {
+  local pid
+  for pid in "$@"; do [[ "$pid" =~ ^[0-9]+$ ]] && rm -f /dev/shm/"$pid":*; done
+  return 0
+}
 # verdict "BELOW" "THIS" up|down: what a change did to a figure, from the runs on each side
 # (space-separated; up: higher is better, down: lower is better). "gain" when every run of THIS
 # beats every run of BELOW in that direction (the two ranges do not overlap), "loss" when every

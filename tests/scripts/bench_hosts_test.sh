@@ -7,6 +7,7 @@
 #   tests/scripts/bench_hosts_test.sh SOURCE_DIR BUILD_DIR
 set -uo pipefail
 src=$1; build=$2
+source "$src/scripts/bench-lib.sh"  # remove_shm_regions
 work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
 cat >"$work/ssh" <<'SH'
 #!/bin/bash
@@ -25,7 +26,7 @@ wait "$runner"
 rc=$?
 # Its session: servers and clients it left running, and the shm regions they leave when killed.
 for left in $(pgrep -s "$runner" 2>/dev/null); do
-  kill -KILL "$left" 2>/dev/null && rm -f /dev/shm/"$left":*
+  kill -KILL "$left" 2>/dev/null && remove_shm_regions "$left"
 done
 out=$(cat "$work/out")
 echo "$out"

@@ -8,16 +8,14 @@ set -uo pipefail
 root=$1 build=$2
 tmp=$(mktemp -d)
 server=
-cleanup() {  # a server killed here leaves its shm regions in /dev/shm (13 MB each): removed
-  if [ -n "$server" ] && kill -9 "$server" 2>/dev/null; then
-    wait "$server" 2>/dev/null
-    rm -f /dev/shm/"$server":*
-  fi
+cleanup() {  # a server killed here leaves its shm regions in /dev/shm: removed
+  [ -n "$server" ] && kill -9 "$server" 2>/dev/null &&
+    { wait "$server" 2>/dev/null; remove_shm_regions "$server"; }
   rm -rf "$tmp"
 }
 trap cleanup EXIT
 fail() { echo "FAIL: $*"; exit 1; }
-source "$root/scripts/bench-lib.sh"  # await_server
+source "$root/scripts/bench-lib.sh"  # await_server, remove_shm_regions
 
 # Builds DIR/07_full_p5 (the rung below) into DIR/07_full_p5.bin: the files that differ from
 # 07_full_p5 are compiled as compile_commands.json compiles 07's, without optimization or
