@@ -249,13 +249,15 @@ TEST(Cores, SampleCoreReadsTheKernelsFiguresOfAThread) {
   EXPECT_GE(sleep1->waits, sleep0->waits + 5);  // 50 sleeps of 10 ms
   EXPECT_GE(spin1->steal_s, spin0->steal_s);
   EXPECT_GE(spin0->steal_s, 0.0);
-  // Every moment of cpu 0 went somewhere: the split adds up to the time between the samples,
-  // within a few ticks of 10 ms (the kernel counts busy time a tick at a time, and each of the
-  // five figures is rounded down to a tick at each sample: CI once saw 0.27 s of 0.30).
+  // Cpu 0's time is split among the five figures: never more than the time between the samples
+  // (plus a few ticks of 10 ms: each figure is rounded down to a tick at each sample), and most
+  // of it. Not all of it: a loaded VM loses ticks outright (CI's 2-core VM once counted 0.27 s of
+  // 0.30 and 0.42 s of 0.50), so the lower bound is half the window, enough to catch a split
+  // read from the wrong line or the wrong fields.
   const double split =
       (spin1->user_s + spin1->system_s + spin1->interrupts_s + spin1->idle_s + spin1->steal_s) -
       (spin0->user_s + spin0->system_s + spin0->interrupts_s + spin0->idle_s + spin0->steal_s);
-  EXPECT_GE(split, std::chrono::duration<double>(inner1 - inner0).count() - 0.06);
+  EXPECT_GE(split, std::chrono::duration<double>(inner1 - inner0).count() / 2);
   EXPECT_LE(split, std::chrono::duration<double>(outer1 - outer0).count() + 0.06);
 }
 
