@@ -189,7 +189,8 @@ void PlaceShares(Worker& w) {
     share->placed = true;
   }
 }
-// Hands a lane's prepared WRITEs to the provider, each post ringing the NIC's doorbell.
+// Hands a lane's prepared WRITEs to the provider; each post it sends at once rings the NIC's
+// doorbell.
 void Flush(Worker& w, size_t lane) {
   const Session& s = *w.session;
   std::deque<Op*>& queue = w.pending[lane];

@@ -62,8 +62,8 @@ double LinkGbps(const fi_info& info);
 // endpoint.
 std::vector<std::filesystem::path> ShmRegionsOf(pid_t pid);
 // Removes them. Only for a process that is gone: a process killed with SIGKILL leaves them
-// behind, 16 MiB each, and shm cannot open an endpoint (EBUSY) for a later process that gets
-// the same id.
+// behind, megabytes each (13 MB with libfabric 2.6), and shm cannot open an endpoint (EBUSY) for a
+// later process that gets the same id.
 void RemoveShmRegionsOf(pid_t pid);
 
 }  // namespace common
