@@ -38,3 +38,16 @@ awk -F'|' '{exit !($5 + 0 > 0 && $7 + 0 > 0)}' <<<"$row" || { echo "FAIL: 05 or 
 grep -q "servers on localhost, clients on 127.0.0.1, over shm" <<<"$out" || { echo "FAIL: no header"; exit 1; }
 grep -qx localhost "$work/hosts" && grep -qx 127.0.0.1 "$work/hosts" || { echo "FAIL: not both hosts used"; exit 1; }
 echo "bench-fabtests hosts: servers on A and clients on B through ssh, figures for 05 and 07"
+
+# A server that cannot start (a provider this host lacks): its pair says why and gives no
+# figure, and the table is still printed (the failure path once ended the script: exit 143).
+out=$(cd "$src" && BUILD_DIR=$build SSH="bash $work/ssh" PROVIDER=no-such-provider BYTES=16m \
+  LANES=1 timeout -k 5 60 scripts/bench-fabtests hosts localhost 127.0.0.1 64k host 1 2>&1)
+rc=$?
+[ $rc -eq 0 ] || { echo "$out"; echo "FAIL: servers that cannot start: exit $rc"; exit 1; }
+for stage in 05_queuing 07_full_p5; do
+  grep -q "^bench-fabtests: $stage: the server (pid [0-9]*) ended before it gave its address:$" <<<"$out" ||
+    { echo "$out"; echo "FAIL: $stage's failed server is not said"; exit 1; }
+done
+grep -q "^| 64k | - | - | - | - | - | - | - |$" <<<"$out" || { echo "$out"; echo "FAIL: no row of failed pairs"; exit 1; }
+echo "bench-fabtests hosts: a server that cannot start is said, and the table still printed"
