@@ -18,6 +18,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include "engine.hpp"
 #include "error.hpp"
@@ -25,18 +26,13 @@
 
 namespace p5 {
 
-void Fail(Session& s, const std::string& why) {
-  std::lock_guard lock(s.mutex);
-  if (s.failure.empty()) s.failure = why;
-  s.stop = true;
-}
 // <rung pin>
 // --pin: the thread stays on one core of its group's NUMA node, its caches warm and its
 // NICs' completions handled where their memory is.
 void PinToGroupCore(const Worker& w) {
-  if (!IsThisSystem(*w.session->topology)) return;  // a rehearsal: planned, not bound
+  if (!IsThisSystem(w.engine->topology)) return;  // a rehearsal: planned, not bound
   std::string why;
-  if (w.cpu && !PinThread(*w.session->topology, *w.cpu, why))
+  if (w.cpu && !PinThread(w.engine->topology, *w.cpu, why))
     std::printf("warning: not pinned: %s\n", why.c_str());
 }
 // </rung pin>
@@ -44,26 +40,23 @@ void PinToGroupCore(const Worker& w) {
 // --numa: what the thread allocates from here on (endpoints, queues, its source memory)
 // comes from its group's NUMA node.
 void BindToGroupMemory(const Worker& w) {
-  if (!IsThisSystem(*w.session->topology)) return;
+  if (!IsThisSystem(w.engine->topology)) return;
   std::string why;
-  if (!BindThreadMemory(*w.session->topology, w.group->numa, why))
+  if (!BindThreadMemory(w.engine->topology, w.group->numa, why))
     std::printf("warning: memory not bound: %s\n", why.c_str());
 }
 // </rung numa>
-// Each data thread opens its own lanes (fresh endpoints for this client alone) and its source
-// memory, registered once on each of them: engine.memory bytes per lane, as the client asked.
+// Each data thread opens its lanes once, for every client to come, and its source memory,
+// registered once on each of them: --server-memory over the lanes, a buffer per group.
 void OpenLanes(Worker& w) {
-  Session& s = *w.session;
+  const Engine& e = *w.engine;
   for (size_t l = w.first_lane; l < w.first_lane + w.lane_count; ++l) {
-    w.lanes.push_back(Network::Open(DataLane(*s.plan->lanes[l]), s.wait, &s.memory, 0, true));
-    w.dest.push_back(w.lanes.back().Insert(s.addresses[l]));
+    w.lanes.push_back(Network::Open(DataLane(*e.plan.lanes[l]), e.wait, &e.memory, 0, true));
     w.writers.push_back(w.lanes.back().Address());
   }
-  // A source buffer per group among the thread's lanes, on that group's GPU, registered on
-  // that group's lanes: engine.memory bytes for each of its lanes.
   std::vector<size_t> groups, lanes_in;  // the groups in lane order, and their lanes here
   for (size_t l = 0; l < w.lane_count; ++l) {
-    const size_t g = s.plan->group_of[w.first_lane + l];
+    const size_t g = e.plan.group_of[w.first_lane + l];
     const size_t p = std::find(groups.begin(), groups.end(), g) - groups.begin();
     if (p == groups.size()) {
       groups.push_back(g);
@@ -73,78 +66,73 @@ void OpenLanes(Worker& w) {
     w.pool_of.push_back(p);
   }
   w.pools.resize(groups.size());
-  uint64_t largest = 0;
   for (size_t p = 0; p < groups.size(); ++p) {
-    const uint64_t bytes = std::max<uint64_t>(s.engine.memory * lanes_in[p], 4096);
-    w.pools[p].memory = PageBuffer(bytes, s.memory, s.plan->groups[groups[p]].gpu.value_or(0));
+    const uint64_t bytes = e.pool_per_lane * lanes_in[p];
+    // Host pages are touched as requests first fill them, not all now: a pool is sized for
+    // many clients and mostly idle.
+    w.pools[p].memory =
+        PageBuffer(bytes, e.memory, e.plan.groups[groups[p]].gpu.value_or(0), Pages::kHugeLazy);
     w.pools[p].holes[0] = bytes;
     w.pools[p].mrs.resize(w.lane_count);
-    largest = std::max(largest, bytes);
   }
   for (size_t l = 0; l < w.lane_count; ++l) {
     SourcePool& pool = w.pools[w.pool_of[l]];
     pool.mrs[l] = RegisterPages(w.lanes[l].domain.get(), *w.lanes[l].info, pool.memory, FI_WRITE);
   }
-  if (s.memory.path != PageBuffer::Path::kHost) w.staging = HostBuffer(largest);
   w.pending.resize(w.lane_count);
   w.held_back.assign(w.lane_count, 0);
   w.riders.resize(w.lane_count);
-  // <rung shard>
-  if (s.On(wire::kEngineShard)) {  // the thread's own window
-    w.ops.resize(s.engine.window * w.lane_count);
-    for (auto& op : w.ops) w.free_ops.push_back(&op);
-  }
-  // </rung shard>
-  if (IsThisSystem(*s.topology))
-    w.placement = DescribePlacement(*s.topology);
+  if (IsThisSystem(e.topology))
+    w.placement = DescribePlacement(e.topology);
   else  // a rehearsal (--topology): where it would run there
     w.placement = std::string("planned: ") +
-                  (s.On(wire::kEnginePin) && w.cpu ? "cpu " + std::to_string(*w.cpu) : "any cpu") +
-                  (s.On(wire::kEngineNuma) ? ", memory on node " + std::to_string(w.group->numa)
-                                           : ", memory anywhere");
+                  (e.shape.pin && w.cpu ? "cpu " + std::to_string(*w.cpu) : "any cpu") +
+                  (e.shape.numa ? ", memory on node " + std::to_string(w.group->numa)
+                                : ", memory anywhere");
 }
 // A counter only its thread writes and the control thread reads: a plain load and store, not
 // a locked read-modify-write (twice per WRITE).
 void Add(std::atomic<uint64_t>& counter, int64_t n) {
   counter.store(counter.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
 }
-// A WRITE's slot in the window, and its completion counted. Without sharding: the session's
-// window and counters, behind its lock; each thread still takes no more than its lanes'
-// share, so none starves the others.
-Op* TakeOp(Worker& w) {
+// A WRITE's slot in the client's window, and its completion counted. Without sharding: the
+// client's window and counters, behind its lock, shared by its threads; each thread still
+// takes no more than its lanes' share, so none starves the others.
+Op* TakeOp(PeerSlot& slot) {
   // <rung shard>
-  // --shard: the thread's own window and counters, no lock.
-  if (w.session->On(wire::kEngineShard)) {
-    if (w.free_ops.empty()) return nullptr;
-    Op* op = w.free_ops.back();
-    w.free_ops.pop_back();
-    Add(w.in_flight, 1);
+  // --shard: the thread's own window and counters for this client, no lock.
+  if (!slot.ops.empty()) {
+    if (slot.free_ops.empty()) return nullptr;
+    Op* op = slot.free_ops.back();
+    slot.free_ops.pop_back();
+    Add(slot.in_flight, 1);
     return op;
   }
   // </rung shard>
-  SharedState& shared = w.session->shared;
+  SharedState& shared = slot.peer->shared;
   std::lock_guard lock(shared.mutex);
   ++shared.locks;
-  if (w.in_flight.load(std::memory_order_relaxed) >= w.session->engine.window * w.lane_count)
+  if (slot.in_flight.load(std::memory_order_relaxed) >= slot.peer->settings.window * slot.lanes_used)
     return nullptr;
   if (shared.free_ops.empty()) return nullptr;
   Op* op = shared.free_ops.back();
   shared.free_ops.pop_back();
-  Add(w.in_flight, 1);
+  Add(slot.in_flight, 1);
   return op;
 }
-void CountWrite(Worker& w, Op* op) {
-  Add(w.in_flight, -1);
+void CountWrite(Op* op) {
+  PeerSlot& slot = *op->share->slot;
+  Add(slot.in_flight, -1);
   ++op->share->completed;
   // <rung shard>
-  if (w.session->On(wire::kEngineShard)) {
-    ++w.writes;
-    w.bytes += op->length;
-    w.free_ops.push_back(op);
+  if (!slot.ops.empty()) {
+    ++slot.writes;
+    slot.bytes += op->length;
+    slot.free_ops.push_back(op);
     return;
   }
   // </rung shard>
-  SharedState& shared = w.session->shared;
+  SharedState& shared = slot.peer->shared;
   std::lock_guard lock(shared.mutex);
   ++shared.locks;
   ++shared.writes;
@@ -152,62 +140,115 @@ void CountWrite(Worker& w, Op* op) {
   shared.free_ops.push_back(op);
 }
 // A completion: its WRITE's, and those of the WRITEs it vouches for (Flush).
-void CountCompletion(Worker& w, Op* op) {
-  ++w.completions;
-  for (Op* rider : op->riders) CountWrite(w, rider);
+void CountCompletion(Op* op) {
+  ++op->share->slot->completions;
+  for (Op* rider : op->riders) CountWrite(rider);
   op->riders.clear();
-  CountWrite(w, op);
+  CountWrite(op);
 }
-// New shares from the control thread: each takes room in the thread's source memory (it
-// waits for room if the memory is taken by earlier requests) and its pages are filled there.
-void PlaceShares(Worker& w) {
-  if (w.has_inbox) {
+// Clients that come and go, and new shares, from the control thread. A client's entries go
+// into the lanes' AVs here, by the thread that owns the lanes.
+void TakeInbox(Worker& w) {
+  if (!w.has_inbox) return;
+  std::vector<std::unique_ptr<Share>> shares;
+  std::vector<PeerSlot*> joining, leaving;
+  {
     std::lock_guard lock(w.inbox_mutex);
-    for (auto& share : w.inbox) w.shares.push_back(std::move(share));
-    w.inbox.clear();
+    shares.swap(w.inbox);
+    joining.swap(w.joining);
+    leaving.swap(w.leaving);
     w.has_inbox = false;
-    w.shares_held.store(w.shares.size(), std::memory_order_relaxed);
   }
-  for (auto& share : w.shares) {
-    if (share->placed) continue;
-    SourcePool& pool = w.pools[share->pool];
-    const auto at = pool.Take(share->bytes);
-    if (!at) return;  // in order: a later share does not overtake one that waits for room
+  for (PeerSlot* slot : joining) {
+    try {
+      for (size_t l = 0; l < slot->lanes_used; ++l)
+        slot->dest.push_back(w.lanes[l].Insert(slot->peer->addresses[w.first_lane + l]));
+      slot->moves_at_join = w.core_moves.load(std::memory_order_relaxed);
+      slot->cpu_at_join = ThreadCpuSeconds();
+      w.slots.push_back(slot);
+    } catch (const std::exception& e) {
+      slot->peer->Fail(e.what());
+      slot->leaving = true;
+      slot->left.store(true, std::memory_order_release);
+    }
+    slot->joined.store(true, std::memory_order_release);
+  }
+  for (auto& share : shares) {
+    PeerSlot& slot = *share->slot;
+    if (slot.leaving) continue;  // a request that crossed its BYE
+    w.unplaced.push_back(share.get());
+    slot.shares.push_back(std::move(share));
+    slot.shares_held.store(slot.shares.size(), std::memory_order_relaxed);
+    slot.last_work.store(Clock::now().time_since_epoch().count(), std::memory_order_relaxed);
+  }
+  for (PeerSlot* slot : leaving) {
+    if (slot->left) continue;
+    // No new WRITE for it: what is not placed is dropped, what is placed ends with the WRITEs
+    // already prepared, which complete (or fail) as any other.
+    slot->leaving = true;
+    std::erase_if(w.unplaced, [&](const Share* s) { return s->slot == slot; });
+    std::erase_if(slot->shares, [](const auto& s) { return !s->placed; });
+    for (auto& share : slot->shares) share->total = share->prepared;
+  }
+}
+// Shares take room in the thread's source memory in order of arrival (one that waits for room
+// holds back those behind it), and their pages are filled there.
+void PlaceShares(Worker& w) {
+  while (!w.unplaced.empty()) {
+    Share& share = *w.unplaced.front();
+    SourcePool& pool = w.pools[share.pool];
+    const auto at = pool.Take(share.bytes);
+    if (!at) return;
     const auto start = Clock::now();
-    const wire::Transfer& t = share->request->transfer;
-    share->offset = *at;
-    const bool host = w.session->memory.path == PageBuffer::Path::kHost;
+    const wire::Transfer& t = share.request->transfer;
+    share.offset = *at;
+    const bool host = w.engine->memory.path == PageBuffer::Path::kHost;
+    if (!host && w.staging.size() < share.bytes) w.staging = HostBuffer(share.bytes);
     uint8_t* pages = host ? static_cast<uint8_t*>(pool.memory.nic_data()) + *at : w.staging.data();
-    for (size_t k = 0; k < share->positions.size(); ++k)
-      FillPage({pages + k * t.page_size, t.page_size}, t.seed, t.pages[share->positions[k]]);
+    for (size_t k = 0; k < share.positions.size(); ++k)
+      FillPage({pages + k * t.page_size, t.page_size}, t.seed, t.pages[share.positions[k]]);
     if (!host) {  // one copy for the whole share, then the NIC's view of it
-      pool.memory.Write(*at, {pages, share->bytes});
+      pool.memory.Write(*at, {pages, share.bytes});
       pool.memory.SyncToNic();
     }
-    share->fill_ns = static_cast<uint64_t>(
+    share.fill_ns = static_cast<uint64_t>(
         std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count());
-    share->placed = true;
+    share.placed = true;
+    w.unplaced.pop_front();
   }
 }
 // Hands a lane's prepared WRITEs to the provider; each post it sends at once rings the NIC's
-// doorbell.
-void Flush(Worker& w, size_t lane) {
-  const Session& s = *w.session;
+// doorbell. A post the provider fails (not -FI_EAGAIN) fails its client alone.
+void Flush(Worker& w, size_t lane, bool in_poll) {
   std::deque<Op*>& queue = w.pending[lane];
   while (!queue.empty()) {
     // <rung doorbell>
-    // --doorbell: in groups, FI_MORE on all but the last of each, so the provider can ring
-    // the NIC once per group. A group cut short by -FI_EAGAIN leaves WRITEs held back behind
-    // FI_MORE: the next post then goes without it and rings.
-    const size_t group = w.held_back[lane] ? 1 : std::min<size_t>(s.engine.doorbell, queue.size());
+    // --doorbell: in groups of the client's, FI_MORE on all but the last of each, so the
+    // provider can ring the NIC once per group. A group cut short by -FI_EAGAIN leaves WRITEs
+    // held back behind FI_MORE: the next post then goes without it and rings.
+    const size_t group =
+        w.held_back[lane]
+            ? 1
+            : std::min<size_t>(queue.front()->share->slot->peer->settings.doorbell, queue.size());
     // </rung doorbell>
     // <without doorbell> const size_t group = 1;
     for (size_t i = 0; i < group; ++i) {
       Op* op = queue.front();
-      const bool more = i + 1 < group;
-      if (!w.lanes[lane].PostWrite(*op, w.dest[lane], s.regions[w.first_lane + lane],
-                                   op->remote_offset, op->share->request->transfer.request_id,
-                                   more ? FI_MORE : 0)) {
+      PeerSlot& slot = *op->share->slot;
+      // A group holds one client's WRITEs: the next one's go out in a group of their own.
+      const bool more = i + 1 < group && queue[1]->share->slot == &slot;
+      bool posted = false;
+      try {
+        posted = w.lanes[lane].PostWrite(*op, slot.dest[lane], slot.peer->regions[w.first_lane + lane],
+                                         op->remote_offset, op->share->request->transfer.request_id,
+                                         more ? FI_MORE : 0);
+      } catch (const std::exception& e) {
+        slot.peer->Fail(std::string("a WRITE could not be posted: ") + e.what());
+        queue.pop_front();
+        CountWrite(op);
+        break;
+      }
+      if (!posted) {
         Add(w.refused, 1);
         // <rung doorbell>
         if (i > 0) w.held_back[lane] = 1;
@@ -219,65 +260,79 @@ void Flush(Worker& w, size_t lane) {
         w.riders[lane].push_back(op);  // the lane's next reported WRITE vouches for it
       else
         op->riders.swap(w.riders[lane]);
-      ++w.posts;
-      if (!more || !w.lanes[lane].reads_more) ++w.doorbells;  // a post the provider sends at once
+      ++slot.posts;
+      if (in_poll) ++slot.posted_in_poll;
+      if (!more || !w.lanes[lane].reads_more) ++slot.doorbells;  // a post sent at once
       if (op->share->posted++ == 0) op->share->first_post = Clock::now();
+      if (!more) break;
     }
     w.held_back[lane] = 0;
   }
 }
-// Reads every lane's completions.
-size_t PollLanes(Worker& w) {
+// Whether the WRITEs at the head of a lane's queue are a lazy client's (posted from the poll).
+bool LazyHead(const Worker& w, size_t lane) {
   // <rung lazy>
-  const bool lazy = w.session->On(wire::kEngineLazy);
+  if (!w.pending[lane].empty())
+    return w.pending[lane].front()->share->slot->peer->On(wire::kEngineLazy);
   // </rung lazy>
+  return false;
+}
+// Reads every lane's completions; a failed WRITE fails its client alone.
+size_t PollLanes(Worker& w) {
   size_t done = 0;
   for (size_t l = 0; l < w.lanes.size(); ++l) {
     done += ReadCompletions(
         w.lanes[l].cq.get(), false,
-        [&w](const fi_cq_data_entry& e, fi_addr_t) { CountCompletion(w, OpOf(e.op_context)); },
-        [&w](const CompletionError& e) { Fail(*w.session, "a WRITE failed: " + e.text); });
+        [](const fi_cq_data_entry& e, fi_addr_t) {
+          Op* op = OpOf(e.op_context);
+          op->share->slot->completed = true;
+          CountCompletion(op);
+        },
+        [&w](const CompletionError& e) {
+          if (Op* op = OpOf(e.op_context); op != nullptr && op->share != nullptr) {
+            op->share->slot->peer->Fail("a WRITE failed: " + e.text);
+            CountCompletion(op);
+            return;
+          }
+          for (PeerSlot* slot : w.slots) slot->peer->Fail("a completion failed: " + e.text);
+        });
     // <rung lazy>
     // --lazy: posts a lane's prepared WRITEs right after its completions made room in its
     // queue (progress in the CQ poll).
-    if (lazy && !w.pending[l].empty()) {
-      const uint64_t before = w.posts;
-      Flush(w, l);
-      w.posted_in_poll += w.posts - before;
-    }
+    if (LazyHead(w, l)) Flush(w, l, true);
     // </rung lazy>
   }
   return done;
 }
-// Prepares WRITEs of the placed shares, one share after another in turn, and posts them as
-// soon as a doorbell's worth of a lane is ready (eager posting). Page i of a request always
-// goes out on lane i % lanes, so each thread owns its pages.
-void PostWrites(Worker& w) {
-  const Session& s = *w.session;
+// Prepares WRITEs of one client's placed shares, one share after another in turn, at most
+// its --batch per lane, and posts them as soon as a doorbell's worth of a lane is ready
+// (eager posting). Page i of a request always goes out on lane i % lanes.
+void PrepareFor(Worker& w, PeerSlot& slot) {
+  const wire::Engine& settings = slot.peer->settings;
   // <rung lazy>
-  const bool eager = !s.On(wire::kEngineLazy);  // --eager-post: lazy posting's switch off
+  const bool eager = !slot.peer->On(wire::kEngineLazy);  // --eager-post: lazy posting off
   // </rung lazy>
   // <without lazy> const bool eager = true;
   // <rung batch>
-  // --batch: prepares at most --batch WRITEs per lane each time round the loop (1: one, then
-  // poll again).
-  const uint64_t batch = s.engine.batch * w.lane_count;
+  // --batch: prepares at most --batch WRITEs per lane each visit (1: one, then poll again).
+  const uint64_t batch = settings.batch * slot.lanes_used;
   // </rung batch>
-  // <without batch> const uint64_t batch = w.lane_count;
+  // <without batch> const uint64_t batch = slot.lanes_used;
   uint64_t budget = batch;
   bool prepared_any = true;
+  const size_t lanes = slot.peer->regions.size();
   while (budget > 0 && prepared_any) {
     prepared_any = false;
-    for (auto& share : w.shares) {
+    for (auto& share : slot.shares) {
       if (!share->placed || share->prepared == share->total) continue;
-      Op* op = TakeOp(w);
+      Op* op = TakeOp(slot);
       if (op == nullptr) {
         budget = 0;
         break;
       }
       const wire::Transfer& t = share->request->transfer;
       const size_t k = share->prepared++ % share->positions.size();
-      const size_t lane = share->positions[k] % s.regions.size() - w.first_lane;
+      const size_t lane = share->positions[k] % lanes - w.first_lane;
       op->kind = OpKind::kWrite;
       op->buffer = static_cast<uint8_t*>(w.pools[share->pool].memory.nic_data()) + share->offset +
                    k * t.page_size;
@@ -287,20 +342,31 @@ void PostWrites(Worker& w) {
       op->remote_offset = t.pages[share->positions[k]] * t.page_size;
       op->lane = lane;
       w.pending[lane].push_back(op);
-      if (eager && w.pending[lane].size() >= s.engine.doorbell) Flush(w, lane);
+      if (eager && w.pending[lane].size() >= settings.doorbell) Flush(w, lane, false);
       prepared_any = true;
       if (--budget == 0) break;
     }
   }
-  w.most_prepared = std::max(w.most_prepared, batch - budget);
-  if (eager)
-    for (size_t l = 0; l < w.lanes.size(); ++l) Flush(w, l);
+  slot.most_prepared = std::max(slot.most_prepared, batch - budget);
+}
+// Every client in turn, from a different one each round: K clients of equal demand each get
+// about 1/K of the thread's WRITEs, each within its own window.
+void PostWrites(Worker& w) {
+  const size_t n = w.slots.size();
+  for (size_t k = 0; k < n; ++k) {
+    PeerSlot& slot = *w.slots[(w.next + k) % n];
+    if (!slot.leaving) PrepareFor(w, slot);
+  }
+  if (n > 0) w.next = (w.next + 1) % n;
+  // What eager clients prepared goes out now; a lazy client's, from the next poll.
+  for (size_t l = 0; l < w.lanes.size(); ++l)
+    if (!w.pending[l].empty() && !LazyHead(w, l)) Flush(w, l, false);
 }
 // Shares whose WRITEs all completed give their source memory back; the last share of a
 // request hands it back to the service, with its times.
-void FinishShares(Worker& w, Clock::time_point now) {
-  Session& s = *w.session;
-  for (auto it = w.shares.begin(); it != w.shares.end();) {
+void FinishShares(Worker& w, PeerSlot& slot, Clock::time_point now) {
+  Peer& peer = *slot.peer;
+  for (auto it = slot.shares.begin(); it != slot.shares.end();) {
     Share& share = **it;
     if (!share.placed || share.completed < share.total) {
       ++it;
@@ -310,76 +376,103 @@ void FinishShares(Worker& w, Clock::time_point now) {
     share.last_completion = now;  // its last completion came in this poll
     Request& r = *share.request;
     {
-      std::lock_guard lock(s.mutex);
+      std::lock_guard lock(peer.mutex);
       const auto ns = [](Clock::time_point t) {
         return static_cast<uint64_t>(t.time_since_epoch().count());
       };
       r.done.first_post_ns = std::min(r.done.first_post_ns, ns(share.first_post));
       r.done.last_completion_ns = std::max(r.done.last_completion_ns, ns(share.last_completion));
       r.done.fill_ns += share.fill_ns;
-      r.done.writes += share.total;
-      if (--r.shares_left == 0) s.finished.push_back(r.done);
+      r.done.writes += share.completed;
+      if (--r.shares_left == 0 && !slot.leaving) peer.finished.push_back(r.done);
     }
-    it = w.shares.erase(it);
-    w.shares_held.store(w.shares.size(), std::memory_order_relaxed);
+    it = slot.shares.erase(it);
+    slot.shares_held.store(slot.shares.size(), std::memory_order_relaxed);
   }
 }
+// A leaving client goes once none of its WRITEs is in flight: its AV entries are removed only
+// then, so no fi_addr is reused while an operation can still complete on it.
+void Leave(Worker& w, PeerSlot& slot) {
+  FinishShares(w, slot, Clock::now());
+  if (slot.in_flight.load(std::memory_order_relaxed) > 0 || !slot.shares.empty()) return;
+  for (size_t l = 0; l < slot.dest.size(); ++l) {
+    fi_addr_t dest = slot.dest[l];
+    fi_av_remove(w.lanes[l].av.get(), &dest, 1, 0);
+  }
+  std::erase(w.slots, &slot);
+  w.next = 0;
+  slot.cpu_at_leave = ThreadCpuSeconds();
+  slot.left.store(true, std::memory_order_release);
+}
 // No WRITE completed for this long while some are owed: the lanes have stalled. A live lane
-// completes a WRITE every few microseconds, a 1 Gbit/s one every 0.5 ms.
+// completes a WRITE every few microseconds, a 1 Gbit/s one a 64 KiB WRITE every 0.5 ms.
 constexpr auto kStalled = std::chrono::milliseconds(20);
-// A data thread: set up where it belongs, then poll, post and retire until told to stop. An
-// error completion (the client died) fails the session, not the server.
+// One round: clients and shares taken, completions read, WRITEs posted, finished work handed
+// back. Returns the completions read.
+size_t Round(Worker& w) {
+  TakeInbox(w);
+  PlaceShares(w);
+  const size_t done = PollLanes(w);
+  PostWrites(w);
+  if (done > 0) {
+    const auto now = Clock::now();
+    const Clock::rep stamp = now.time_since_epoch().count();
+    for (PeerSlot* slot : w.slots) {
+      if (std::exchange(slot->completed, false)) {  // in this round's poll
+        slot->last_completion.store(stamp, std::memory_order_relaxed);
+        slot->last_work.store(stamp, std::memory_order_relaxed);
+      }
+      FinishShares(w, *slot, now);
+    }
+  }
+  for (size_t i = w.slots.size(); i-- > 0;)
+    if (w.slots[i]->leaving) Leave(w, *w.slots[i]);
+  return done;
+}
+// A data thread: set up where it belongs, then serve every client until told to stop.
 void RunWorker(Worker& w) {
-  Session& s = *w.session;
+  const Engine& e = *w.engine;
   w.tid = gettid();
   // Named for top -H, perf and the tests ("07 data" and its first lane; 15 characters at most).
   pthread_setname_np(pthread_self(), ("07 data " + std::to_string(w.first_lane)).c_str());
   try {
     // <rung pin>
-    if (s.On(wire::kEnginePin)) PinToGroupCore(w);
+    if (e.shape.pin) PinToGroupCore(w);
     // </rung pin>
     // <rung numa>
-    if (s.On(wire::kEngineNuma)) BindToGroupMemory(w);
+    if (e.shape.numa) BindToGroupMemory(w);
     // </rung numa>
     OpenLanes(w);
-    ++s.ready;
-    w.last_work.store(Clock::now().time_since_epoch().count(), std::memory_order_relaxed);
-    while (!s.stop) {
-      w.rounds.store(w.rounds.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+    w.ready = true;
+    auto last_work = Clock::now();
+    while (!w.stop) {
+      Add(w.rounds, 1);
       if (const int core = sched_getcpu(); core != w.last_core) {
-        if (w.last_core >= 0) ++w.core_moves;
+        if (w.last_core >= 0) Add(w.core_moves, 1);
         w.last_core = core;
       }
-      const size_t shares = w.shares.size();
-      PlaceShares(w);
-      const size_t done = PollLanes(w);
-      PostWrites(w);
-      if (done > 0) {
-        const auto now = Clock::now();
-        w.last_completion = now.time_since_epoch().count();
-        w.last_work.store(now.time_since_epoch().count(), std::memory_order_relaxed);
-        FinishShares(w, now);
-      } else if (w.shares.size() != shares) {
-        w.last_work.store(Clock::now().time_since_epoch().count(), std::memory_order_relaxed);
-      }
-      if (w.shares.empty()) {  // nothing to do: sleep until the control thread hands work over
+      const bool had = !w.unplaced.empty();
+      const size_t done = Round(w);
+      if (done > 0 || had != !w.unplaced.empty()) last_work = Clock::now();
+      const bool owed = std::any_of(w.slots.begin(), w.slots.end(),
+                                    [](const PeerSlot* s) { return !s->shares.empty(); });
+      if (!owed) {  // nothing to do: sleep until the control thread hands something over
         std::unique_lock lock(w.inbox_mutex);
         w.inbox_ready.wait_for(lock, std::chrono::milliseconds(100),
-                               [&] { return !w.inbox.empty() || s.stop; });
-      } else if (done == 0 && s.wait == WaitMode::kBlock &&
+                               [&] { return w.has_inbox.load() || w.stop.load(); });
+      } else if (done == 0 && e.wait == WaitMode::kBlock && !w.has_inbox &&
                  std::all_of(w.pending.begin(), w.pending.end(),
                              [](const auto& queue) { return queue.empty(); })) {
         WaitForCompletions(w.lanes, 100);  // nothing prepared waits to be posted
-      } else if (done == 0 && Clock::now() - LastWork(w) > kStalled) {
+      } else if (done == 0 && Clock::now() - last_work > kStalled) {
         // Owed completions that stopped coming (a client that died: shm never completes a
         // WRITE to it): nap instead of spinning a core away until --peer-timeout drops it.
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
       }
     }
-  } catch (const std::exception& e) {
-    Fail(s, e.what());
+  } catch (const std::exception& ex) {
+    w.failure = ex.what();
   }
-  w.cpu_seconds = ThreadCpuSeconds();
   w.exited = true;
 }
 }  // namespace p5

@@ -144,6 +144,9 @@ MemoryKind MemoryFor(const Options& options);
 Plan FindNics(const Options& options, std::span<const uint8_t> peer, MemoryKind memory,
               std::string* no_hmem, bool print);
 FiInfoPtr DataLane(const fi_info& nic);
+// Whether the provider completes a lane's WRITEs strictly in order, so that one that never
+// completes (to a killed client) holds back every later one on that lane (main.cpp).
+bool CompletesInOrder(const fi_info& nic);
 // The entries of a receiving lane's CQ. Each WRITE carries immediate data, so it lands as one
 // completion there. Where the device receives such WRITEs unsolicited (efa-direct is offered
 // for RMA only then, since 07 asks no FI_RX_CQ_DATA: fi_efa(7), FI_OPT_EFA_USE_UNSOLICITED_
@@ -182,14 +185,18 @@ size_t ThreadsFor(uint32_t asked, const Plan& plan, size_t lanes);
 
 // One TRANSFER being served. The service hands it over; each data thread serves the pages
 // that go out on its lanes (its share), and the last one to finish hands it back.
+struct Peer;
+struct PeerSlot;
 struct Request {
   wire::Transfer transfer;
+  Peer* peer = nullptr;
   std::atomic<size_t> shares_left{0};
-  wire::Done done;  // filled in by the shares as they finish (under the session's mutex)
+  wire::Done done;  // filled in by the shares as they finish (under the peer's mutex)
 };
 // A data thread's part of a request: the pages striped onto its lanes, in its source memory.
 struct Share {
   std::shared_ptr<Request> request;
+  PeerSlot* slot = nullptr;         // the client, as the thread that serves this share sees it
   std::vector<uint32_t> positions;  // indices into transfer.pages
   size_t pool = 0;                  // the thread's source buffer it is placed in (its group's)
   uint64_t offset = 0, bytes = 0;   // its pages' place there
@@ -199,9 +206,9 @@ struct Share {
   Clock::time_point first_post{}, last_completion{};
   uint64_t fill_ns = 0;
 };
-// A data thread's source memory: allocated and registered on its lanes once per session
-// (the published engine registered its GPU buffers once), and lent to the shares of its
-// requests as they come, first fit. Filling pages is then all a request costs.
+// A data thread's source memory: allocated and registered on its lanes once, when the engine
+// opens (the published engine registered its GPU buffers once), and lent to the shares of
+// every client's requests as they come, first fit. Filling pages is then all a request costs.
 struct SourcePool {
   PageBuffer memory;
   std::vector<MrPtr> mrs;              // per lane of the thread (of its group; else none)
@@ -233,11 +240,20 @@ struct SourcePool {
     holes[at] = bytes;
   }
 };
-struct Session;
-// One data thread of a session and everything only it touches (the sharded state): its
-// lanes' endpoints, its source memory, its window of WRITEs, its queues and its counters.
+struct Engine;
+// How the engine is built, for all its clients: what the engine rungs switch (threads,
+// pinning, sharding, NUMA). A client's posting settings (batch, lazy, doorbell, window) are
+// its own (wire::Engine).
+struct Shape {
+  size_t threads = 1;
+  bool pin = false, shard = false, numa = false;
+  bool operator==(const Shape&) const = default;
+};
+// One data thread of the engine and everything only it touches (the sharded state): its
+// lanes' endpoints, its source memory, the clients it serves on them, its queues and counters.
 struct Worker {
-  Session* session = nullptr;
+  Engine* engine = nullptr;
+  size_t index = 0;
   size_t first_lane = 0;  // its lanes: first_lane .. first_lane + lane_count - 1
   size_t lane_count = 0;
   const DeviceGroup* group = nullptr;
@@ -250,59 +266,41 @@ struct Worker {
   std::vector<SourcePool> pools;
   std::vector<size_t> pool_of;  // per lane of the thread: its group's pool
   HostBuffer staging;  // GPU memory: a share's pages are filled here, then copied in one go
-  std::vector<fi_addr_t> dest;                // per lane: the client's address in that lane's AV
   std::vector<std::vector<uint8_t>> writers;  // per lane: our endpoint's address
-  std::vector<Op> ops;
-  std::vector<Op*> free_ops;
-  std::vector<std::deque<Op*>> pending;  // per lane: WRITEs prepared, not yet posted
+  std::vector<std::deque<Op*>> pending;       // per lane: WRITEs prepared, not yet posted
   std::vector<char> held_back;           // per lane: WRITEs posted with FI_MORE, no doorbell yet
   std::vector<std::vector<Op*>> riders;  // per lane: posted WRITEs that report no completion
-  std::list<std::unique_ptr<Share>> shares;
-  uint64_t writes = 0, bytes = 0;  // sharded counters, summed when reporting
-  // WRITEs of this thread's taken from the window and not yet completed, and the posts the
-  // provider refused (-FI_EAGAIN): written by the thread only, read by the control thread
-  // when the WRITEs stop completing (Session::Poll says which of the three ways they stopped).
-  std::atomic<uint64_t> in_flight{0}, refused{0};
-  std::atomic<size_t> shares_held{0};  // shares of requests it holds unfinished (the same way)
-  // What each rung does, counted, so that a switch that changed nothing shows (README.md).
-  uint64_t most_prepared = 0, posts = 0, doorbells = 0, posted_in_poll = 0, completions = 0;
+  // The clients it serves, in turn from `next` (PostWrites), and the shares waiting for room
+  // in its source memory, in order of arrival (PlaceShares).
+  std::vector<PeerSlot*> slots;
+  size_t next = 0;
+  std::deque<Share*> unplaced;
+  // Engine-wide counters (a client's own are in its PeerSlot): written by the thread only,
+  // read by the control thread.
+  std::atomic<uint64_t> rounds{0}, refused{0};
   // Pinning's figure: how often the thread found itself on another core than in its last
   // round (sched_getcpu, read from the vDSO each round; -1 before the first).
-  uint64_t core_moves = 0;
+  std::atomic<uint64_t> core_moves{0};
   int last_core = -1;
   std::string placement;   // where the OS says the thread runs and allocates
-  std::mutex inbox_mutex;  // the control thread hands new shares over here
+  std::mutex inbox_mutex;  // the control thread hands clients and shares over here
   std::condition_variable inbox_ready;
   std::vector<std::unique_ptr<Share>> inbox;
+  std::vector<PeerSlot*> joining, leaving;
   std::atomic<bool> has_inbox{false};
-  // For the control thread: how often the loop went round (a counter, not a clock: reading a
-  // clock in every round costs more than the round), and when a WRITE last completed.
-  std::atomic<uint64_t> rounds{0};
-  uint64_t rounds_seen = 0;  // the control thread's: the count it saw last, and when
+  // The control thread's: the rounds it saw last, and when (a thread stuck in the provider).
+  uint64_t rounds_seen = 0;
   Clock::time_point seen_at = Clock::now();
-  // The control thread's, at the thread's last work (last_work): its rounds, refused posts
-  // and CPU time then, and whether the stall since has been told.
-  Clock::rep completion_seen = 0;
-  uint64_t rounds_at_completion = 0, refused_at_completion = 0;
-  double cpu_at_completion = -1;  // its CPU seconds then: a spin and a wait tell apart
-  bool stall_told = false;
   // <rung pin>
   CoreWatch core;  // the control thread's: whether something else took its core
   // </rung pin>
-  std::atomic<Clock::rep> last_completion{Clock::now().time_since_epoch().count()};
-  // A WRITE completed or a share came: the thread's own stall clock (a nap instead of a spin
-  // once owed completions stop) and the control thread's (Session::Poll).
-  std::atomic<Clock::rep> last_work{0};
-  std::atomic<bool> exited{false};
-  std::atomic<double> cpu_seconds{0};  // its CPU time, written as it ends
+  std::atomic<bool> ready{false}, exited{false}, stop{false};
+  std::string failure;  // why it could not open (read once exited)
   std::atomic<pid_t> tid{0};
   std::thread thread;
 };
-inline Clock::time_point LastWork(const Worker& w) {
-  return Clock::time_point{Clock::duration(w.last_work.load(std::memory_order_relaxed))};
-}
-// --no-shard: one window and one set of counters for all of a session's threads, behind a
-// lock that every WRITE takes twice.
+// --no-shard: one window and one set of counters for all the threads that serve a client,
+// behind a lock that every WRITE takes twice.
 struct SharedState {
   std::mutex mutex;
   std::vector<Op> ops;
@@ -310,79 +308,106 @@ struct SharedState {
   uint64_t writes = 0, bytes = 0;
   uint64_t locks = 0;  // how often a thread took the lock
 };
-// The cores this server was given (GivenCpus at its start) and those its sessions' pinned data
-// threads hold. Only the service thread touches it: it opens and ends sessions, and each time
-// moves itself off the held cores while another is given (ControlCpus, common/topology.hpp).
-struct Cores {
-  std::vector<unsigned> given;
-  std::multiset<unsigned> held;
-  void Hold(const std::vector<unsigned>& cpus);
-  void Release(const std::vector<unsigned>& cpus);
-
- private:
-  void PlaceCaller() const;  // binds the calling thread to ControlCpus(given, held)
+// A client as one data thread sees it: its address in each of the thread's lanes' AVs (an
+// entry, not an endpoint), its window there, its shares, and what the thread did for it.
+// The thread alone touches it between joining and leaving.
+struct PeerSlot {
+  Peer* peer = nullptr;
+  Worker* worker = nullptr;
+  size_t lanes_used = 0;          // the thread's first lanes that the client has
+  std::vector<fi_addr_t> dest;    // per lane used: the client's entry in that lane's AV
+  std::vector<Op> ops;            // its window on these lanes (--shard)
+  std::vector<Op*> free_ops;
+  std::list<std::unique_ptr<Share>> shares;
+  bool leaving = false;    // no new WRITEs; it leaves once those in flight completed
+  bool completed = false;  // a WRITE of its completed in this round's poll
+  uint64_t writes = 0, bytes = 0;
+  // What each rung does, counted, so that a switch that changed nothing shows (README.md).
+  uint64_t most_prepared = 0, posts = 0, doorbells = 0, posted_in_poll = 0, completions = 0;
+  // WRITEs of this client's taken from the window and not yet completed; shares of its
+  // requests the thread holds unfinished; its last completion or new share (Peer::Poll).
+  std::atomic<uint64_t> in_flight{0};
+  std::atomic<size_t> shares_held{0};
+  std::atomic<Clock::rep> last_completion{Clock::now().time_since_epoch().count()};
+  std::atomic<Clock::rep> last_work{Clock::now().time_since_epoch().count()};
+  // The control thread's, at the client's last work: the thread's rounds, refused posts and
+  // CPU time then, and whether the stall since has been told.
+  Clock::rep completion_seen = 0;
+  uint64_t rounds_at_completion = 0, refused_at_completion = 0;
+  double cpu_at_completion = -1;
+  bool stall_told = false;
+  uint64_t moves_at_join = 0;  // the thread's core moves and CPU when the client came
+  double cpu_at_join = 0, cpu_at_leave = 0;
+  std::atomic<bool> joined{false}, left{false};
 };
-// Everything the server holds for one client, freed when the client goes.
-struct Session : service::Session {
-  ~Session() override {
-    if (reserved != nullptr) *reserved -= reservation;
-    if (cores != nullptr) cores->Release(pinned);
-  }
-  bool On(uint32_t flag) const { return engine.flags & flag; }
+inline Clock::time_point LastWork(const PeerSlot& s) {
+  return Clock::time_point{Clock::duration(s.last_work.load(std::memory_order_relaxed))};
+}
+// Everything the server holds for one client: an entry in the engine, freed when it goes.
+struct Peer : service::Session {
+  ~Peer() override;
+  bool On(uint32_t flag) const { return settings.flags & flag; }
   std::vector<std::vector<uint8_t>> Writers() const override;
   std::string Describe() const override;
   std::string Dispatch(wire::Transfer transfer) override;
   Report Poll() override;
   bool Stop(const std::function<void()>& meanwhile = {}) override;
-  void Abandon();  // a thread is stuck in the provider: give back what can be
   std::string Totals() const override;
+  void Fail(const std::string& why);
 
+  Engine* engine = nullptr;
   std::vector<std::vector<uint8_t>> addresses;  // per lane used
   std::vector<wire::RemoteRegion> regions;      // per lane used
-  std::vector<size_t> owner;                    // per lane used: the worker that drives it
-  wire::Engine engine;
-  WaitMode wait = WaitMode::kSpin;
-  double peer_timeout_s = 10;
-  MemoryPath memory;
-  const Plan* plan = nullptr;
-  const Topology* topology = nullptr;
-  SharedState shared;  // before the workers: their endpoints close first
-  std::vector<std::unique_ptr<Worker>> workers;
-  std::atomic<size_t> ready{0};  // workers whose lanes are open
-  std::atomic<bool> stop{false};
+  std::vector<PeerSlot*> at_lane;               // per lane used: the slot of its thread
+  wire::Engine settings;  // its posting settings; the engine's shape in its flags
+  std::string asked;      // the shape it asked for, where the engine has another
+  SharedState shared;     // before the slots: --no-shard's window
+  std::vector<std::unique_ptr<PeerSlot>> slots;  // per thread that drives one of its lanes
   std::mutex mutex;  // guards failure and finished
   std::string failure;
   std::vector<wire::Done> finished;
-  // What its NICs sent on the wire while it was open (their own counters; other sessions'
-  // traffic on the same NICs included): beside the bytes it wrote, in the session's last line.
+  // What its NICs sent on the wire while it was connected (their own counters; other
+  // clients' traffic on the same NICs included): beside the bytes it wrote.
   std::unique_ptr<WireBytes> wire;
-  std::atomic<uint64_t>* reserved = nullptr;  // the engine's count of all sessions' memory
-  uint64_t reservation = 0;                   // this session's part of it
-  Cores* cores = nullptr;        // the engine's, where its data threads are pinned here
-  std::vector<unsigned> pinned;  // the cores they hold
+  uint64_t reservation = 0;  // its part of the engine's --server-memory
+  bool stopped = false, stuck = false;
+};
+// The cores this server was given (GivenCpus at its start) and those its pinned data threads
+// hold. Only the service thread touches it, and moves itself off the held cores while another
+// is given (ControlCpus, common/topology.hpp).
+struct Cores {
+  std::vector<unsigned> given;
+  std::vector<unsigned> held;
+  void Hold(const std::vector<unsigned>& cpus);
 };
 // The data thread (engine.cpp).
 void RunWorker(Worker& w);
-void Fail(Session& s, const std::string& why);
 
-// The engine the service drives: a session per CONNECT (session.cpp).
-class Engine : public service::Engine {
- public:
+// The engine: its lanes, source memory and data threads, opened once (session.cpp), and the
+// clients it serves, each an entry in its lanes' AVs with its own region, keys and window.
+struct Engine : service::Engine {
   Engine(const Options& options, const Plan& plan, const Topology& topology, WaitMode wait,
-         MemoryPath memory)
-      : options_(options), plan_(plan), topology_(topology), wait_(wait), memory_(memory) {
-    cores_.given = GivenCpus();  // constructed before any thread pins itself
-  }
+         MemoryPath memory);
+  ~Engine() override;
   std::unique_ptr<service::Session> Open(const wire::Connect& connect) override;
+  Report Watch() override;
+  // Opens the lanes, source memory and threads for `shape` (closing what was open first).
+  void Build(const Shape& shape);
+  bool On(uint32_t flag) const;
 
- private:
-  const Options& options_;
-  const Plan& plan_;
-  const Topology& topology_;
-  WaitMode wait_;
-  MemoryPath memory_;
-  std::atomic<uint64_t> reserved_{0};  // source memory of all open sessions (--server-memory)
-  Cores cores_;
+  const Options& options;
+  const Plan& plan;
+  const Topology& topology;
+  WaitMode wait;
+  MemoryPath memory;
+  Shape shape;
+  uint64_t pool_per_lane = 0;   // source memory per lane (--server-memory over the lanes)
+  uint64_t reserved = 0;        // what the connected clients asked for (--server-memory)
+  size_t peers = 0;             // clients connected, or never freed (a stuck leave)
+  size_t stuck_leaves = 0;      // clients whose WRITEs never completed as they left
+  Cores cores;
+  std::vector<std::unique_ptr<Worker>> workers;
+  std::vector<size_t> owner;  // per lane: the worker that drives it
 };
 
 // --check: the preflight of this host (check.cpp); 0 ready, 1 not.

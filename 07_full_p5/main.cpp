@@ -2,12 +2,12 @@
 // each optimization of the published ladder behind its own switch, so one binary measures
 // what each one buys (--ladder runs them all, one table row each).
 //
-// The server is now a service: clients come and go, several at once. Each CONNECT opens a
-// session of its own: fresh endpoints on every lane, the client's engine settings, its own
-// data threads, and its source memory, allocated and registered once. The client receives on
-// a thread per group too, so that lanes and threads add rate at both ends. This file is the
-// network, grown from 06's; engine.hpp says what the others hold, and README.md walks
-// through them rung by rung.
+// The server is now an engine with many peers, as libfabric's RDM endpoints are meant to be
+// used: its lanes (an endpoint, CQ and AV per NIC), source memory and data threads open once;
+// a client is an entry in the lanes' AVs with its own region, keys and window, and the
+// threads serve every client in turn. The client receives on a thread per group too, so that
+// lanes and threads add rate at both ends. This file is the network, grown from 06's;
+// engine.hpp says what the others hold, and README.md walks through them rung by rung.
 
 #include <rdma/fabric.h>
 #include <rdma/fi_cm.h>
@@ -135,6 +135,14 @@ FiInfoPtr DataLane(const fi_info& nic) {
   info->caps &= ~FI_SOURCE;
   info->rx_attr->caps &= ~FI_SOURCE;
   return info;
+}
+// libfabric 1.17's shm reads its endpoint's WRITE responses in order and stops at the first
+// still pending: a WRITE to a killed client's region is never answered, and no later WRITE
+// of that endpoint completes, whoever it went to (measured: a second client, alive, got none
+// of its WRITEs' completions after the first was killed). From 1.18 on they complete as they
+// come, and only the dead client's stay pending.
+bool CompletesInOrder(const fi_info& nic) {
+  return std::string(nic.fabric_attr->prov_name) == "shm" && fi_version() < FI_VERSION(1, 18);
 }
 // Measured on the mini-cluster (README.md): over tcp, sleeping in the CQ's wait fd leaves
 // the CPUs to the kernel's TCP stack, which carries the data, and wins; shm has no wait fd,
@@ -277,6 +285,9 @@ void PrintHeader(const char* role, const Plan& plan, WaitMode wait, const Memory
   std::fflush(stdout);
 }
 int ServerMain(const Options& options) {
+  if (options.threads > wire::kMaxLanes)
+    throw UsageError("invalid --threads " + std::to_string(options.threads) + " (0 to " +
+                     std::to_string(wire::kMaxLanes) + ")");
   InstallStopHandlers(kProgram);
   // Over tcp;ofi_rxm every endpoint keeps receive buffers posted, 4096 of 16 KiB by default:
   // 64 MiB a session of one lane holds before it moves a byte, which 16 idle strangers turned
@@ -294,7 +305,7 @@ int ServerMain(const Options& options) {
       ChooseMemoryPath(probe.domain.get(), *probe.info, memory, options.gpu_path, no_hmem);
   PrintHeader("server", plan, wait, path, EmulatedWrite(probe.ep.get()));
   // Control messages have an endpoint of their own on lane 0's NIC (service.cpp); the data
-  // lanes are opened per client, by the threads that drive them.
+  // lanes are opened once, by the threads that drive them, for every client.
   Engine engine(options, plan, topology, wait, path);
   return service::Serve(options, *plan.lanes[0], wait, engine);
 }

@@ -27,9 +27,9 @@ namespace {
 
 constexpr size_t kRecvDepth = 16;  // control messages the server keeps receives posted for
 constexpr size_t kSendDepth = 16;
-// Sessions left with a thread stuck in the provider (Session::Stop; no longer 1.17 shm's dead
-// client's lock, which common/shm_lock.cpp takes over) are never freed; past this many the
-// server refuses new clients and says why, rather than pile up threads for good.
+// Clients whose WRITEs never completed (Session::Stop: over shm, a WRITE to a killed client's
+// endpoint) are never freed: past this many the server refuses new clients and says why,
+// rather than let them hold the engine's queues for good.
 constexpr size_t kMaxStuckSessions = 64;
 
 using Mail = Mailbox<Endpoint, ControlOp>;
@@ -78,7 +78,7 @@ int Serve(const Options& options, const fi_info& control, WaitMode wait, Engine&
   std::deque<Received> inbox;
   std::map<fi_addr_t, std::string> lost;            // peers a send failed for
   std::map<fi_addr_t, Clock::time_point> departed;  // control AV entries to remove
-  std::vector<std::unique_ptr<Session>> stuck;      // a thread of theirs never returned
+  std::vector<std::unique_ptr<Session>> stuck;      // WRITEs of theirs never completed
   uint64_t served = 0, arrivals = 0;
   // CONNECTs left unanswered while the client whose lanes they name is served, by the address
   // they answer to: the number each got and the client it waits on. Sent again every 0.5 s,
@@ -132,7 +132,7 @@ int Serve(const Options& options, const fi_info& control, WaitMode wait, Engine&
                 static_cast<unsigned long long>(number), how.c_str(), c.session->Totals().c_str(),
                 ThreadCpuSeconds());
     if (!stopped) {
-      std::printf("client %llu: a thread stuck in the provider is left at idle priority\n",
+      std::printf("client %llu: WRITEs of its are still in the provider: its entry is kept\n",
                   static_cast<unsigned long long>(number));
       stuck.push_back(std::move(c.session));
     }
@@ -184,6 +184,16 @@ int Serve(const Options& options, const fi_info& control, WaitMode wait, Engine&
         close(c.number,
               "done (" + std::to_string(c.open_requests) + " requests unfinished after its BYE)");
       }
+    }
+    // The engine: lines of its own, and whether it can go on.
+    const Engine::Report engine_report = engine.Watch();
+    for (const std::string& line : engine_report.lines) std::printf("engine: %s\n", line.c_str());
+    if (!engine_report.fatal.empty()) {
+      std::printf("server: the engine cannot go on: %s; exiting\n", engine_report.fatal.c_str());
+      std::fflush(stdout);
+      for (auto& [number, c] : clients) c.session.release();  // its threads may still use them
+      for (auto& s : stuck) s.release();
+      return kExitFailure;
     }
     std::erase_if(departed, [&](const auto& d) {
       if ((mail.Busy(d.first) || departures.Waiting(d.first)) && Clock::now() - d.second < limit)
@@ -313,10 +323,11 @@ int Serve(const Options& options, const fi_info& control, WaitMode wait, Engine&
           departed[id] = Clock::now();
           continue;
         }
-        if (stuck.size() >= kMaxStuckSessions) {  // each keeps a thread and its endpoints
+        if (stuck.size() >= kMaxStuckSessions) {  // each holds a window of the engine's queues
           refuse(id, number, 0,
                  std::to_string(stuck.size()) +
-                     " sessions have a thread stuck in the provider: restart this server");
+                     " clients left WRITEs in the provider that never completed: restart this "
+                     "server");
           departed[id] = Clock::now();
           continue;
         }
@@ -382,7 +393,7 @@ int Serve(const Options& options, const fi_info& control, WaitMode wait, Engine&
     }
   }
   while (!clients.empty()) close(clients.begin()->first, "stopped");
-  for (auto& s : stuck) s.release();  // its stuck thread still uses it; exit ends both
+  for (auto& s : stuck) s.release();  // a data thread still holds it; exit ends both
   std::printf("served %llu clients\n", static_cast<unsigned long long>(served));
   return kExitOk;
 }

@@ -4,8 +4,8 @@
 // it admits or refuses each CONNECT (--max-clients, lanes that are another client's), keeps
 // each client to its limits (--max-requests, and --client-memory through the engine), answers
 // every request with DONE or ERROR, notices a client that left, died or fell silent, and never
-// lets one client hold up another. The engine (main.cpp) opens, feeds and closes a session per
-// client through the two interfaces below.
+// lets one client hold up another. The engine (session.cpp) adds, feeds and removes a client
+// through the two interfaces below.
 #pragma once
 
 #include <rdma/fabric.h>
@@ -24,7 +24,8 @@ namespace service {
 namespace wire = common::wire;
 using Clock = std::chrono::steady_clock;
 
-// One client's session in the engine: its endpoints, memory and data threads.
+// One client in the engine: its entries in the engine's address vectors, its region, keys,
+// window and requests.
 class Session {
  public:
   virtual ~Session() = default;
@@ -59,6 +60,13 @@ class Engine {
   // A session for this CONNECT, its lanes open and its threads started. Throws common::Error
   // (or std::exception) with the reason it cannot be: the client is refused with it.
   virtual std::unique_ptr<Session> Open(const wire::Connect& connect) = 0;
+  // What the engine itself has to say, asked once a round: lines for the log, and why it
+  // cannot go on, if it cannot (the server then says so and exits 1, for its supervisor).
+  struct Report {
+    std::vector<std::string> lines;
+    std::string fatal;
+  };
+  virtual Report Watch() { return {}; }
 };
 
 // Serves clients on a control endpoint opened on `control` (the first NIC) until SIGINT or

@@ -1,6 +1,7 @@
-// 07_full_p5: a client's session on the server: its data threads (a thread per group of
-// lanes), its endpoints and source memory, opened for one CONNECT, fed its requests, watched,
-// and closed when it goes. The service (service.cpp) drives it through service::Session.
+// 07_full_p5: the engine and its clients. The engine opens its lanes (an endpoint, CQ and AV
+// per NIC), its source memory and its data threads once; a client is an entry in it: its lane
+// addresses in the lanes' AVs, its region, keys, window and requests, added for its CONNECT
+// and removed when it goes. The service (service.cpp) drives both through service.hpp.
 
 #include <pthread.h>
 #include <sched.h>
@@ -103,13 +104,14 @@ std::string WhereIs(pid_t tid) {
 }
 
 // What the stall line adds: the CPU the thread used since its last completion, and where it is.
-std::string Whereabouts(Worker& w) {
+std::string Whereabouts(PeerSlot& slot) {
+  Worker& w = *slot.worker;
   const double cpu = CpuSecondsOf(w.thread);
   std::string s = "; ";
-  if (cpu >= 0 && w.cpu_at_completion >= 0)
+  if (cpu >= 0 && slot.cpu_at_completion >= 0)
     s += "since then it used " +
          FormatSeconds(std::chrono::duration_cast<Clock::duration>(
-             std::chrono::duration<double>(cpu - w.cpu_at_completion))) +
+             std::chrono::duration<double>(cpu - slot.cpu_at_completion))) +
          " of CPU, and ";
   return s + "it is now " + WhereIs(w.tid);
 }
@@ -154,46 +156,91 @@ size_t ThreadsFor(uint32_t asked, const Plan& plan, size_t lanes) {
   return std::min(threads, lanes);
 }
 // </rung threads>
-std::vector<std::vector<uint8_t>> Session::Writers() const {
+
+// The engine's shape for what a client asks: the engine rungs it switches on.
+Shape ShapeFor(const wire::Engine& asked, const Plan& plan) {
+  Shape shape;
+  // <rung threads>
+  shape.threads = ThreadsFor(asked.threads, plan, plan.lanes.size());
+  // </rung threads>
+  // <rung pin>
+  shape.pin = asked.flags & wire::kEnginePin;
+  // </rung pin>
+  // <rung shard>
+  shape.shard = asked.flags & wire::kEngineShard;
+  // </rung shard>
+  // <rung numa>
+  shape.numa = asked.flags & wire::kEngineNuma;
+  // </rung numa>
+  return shape;
+}
+uint32_t FlagsOf(const Shape& shape) {
+  return (shape.pin ? wire::kEnginePin : 0) | (shape.shard ? wire::kEngineShard : 0) |
+         (shape.numa ? wire::kEngineNuma : 0);
+}
+std::string DescribeShape(const Shape& shape) {
+  return std::to_string(shape.threads) + " thread" + (shape.threads == 1 ? "" : "s") +
+         (shape.pin ? ", pinned" : ", not pinned") +
+         (shape.shard ? ", sharded" : ", one shared state") +
+         (shape.numa ? ", NUMA-bound" : ", no NUMA binding");
+}
+
+// ---- A client: an entry in the engine ----
+
+void Peer::Fail(const std::string& why) {
+  std::lock_guard lock(mutex);
+  if (failure.empty()) failure = why;
+}
+Peer::~Peer() {
+  if (engine == nullptr) return;
+  engine->reserved -= reservation;
+  --engine->peers;
+}
+std::vector<std::vector<uint8_t>> Peer::Writers() const {
   std::vector<std::vector<uint8_t>> all;
-  for (const auto& w : workers) all.insert(all.end(), w->writers.begin(), w->writers.end());
+  for (size_t l = 0; l < regions.size(); ++l) {
+    const Worker& w = *engine->workers[engine->owner[l]];
+    all.push_back(w.writers[l - w.first_lane]);
+  }
   return all;
 }
-std::string Session::Describe() const {
+std::string Peer::Describe() const {
   size_t buffers = 0;
-  for (const auto& w : workers) buffers += w->pools.size();
-  return std::to_string(regions.size()) + " lanes, " + DescribeEngine(engine, workers.size()) +
-         ", source memory in " + std::to_string(buffers) + " buffer" + (buffers == 1 ? "" : "s") +
-         " (one per group and thread)";
+  for (const auto& slot : slots) buffers += slot->worker->pools.size();
+  return std::to_string(regions.size()) + " lanes, " + DescribeEngine(settings, slots.size()) +
+         ", the engine's source memory in " + std::to_string(buffers) + " buffer" +
+         (buffers == 1 ? "" : "s") + asked;
 }
-// Splits a validated request into one share per data thread and hands them over. A share
-// larger than its thread's source memory could never be placed: refused.
-std::string Session::Dispatch(wire::Transfer transfer) {
+// Splits a validated request into one share per data thread and source buffer, and hands
+// them over. A share larger than its buffer could never be placed: refused.
+std::string Peer::Dispatch(wire::Transfer transfer) {
   auto request = std::make_shared<Request>();
   request->transfer = std::move(transfer);
+  request->peer = this;
   const wire::Transfer& t = request->transfer;
   request->done = {t.request_id, 0, UINT64_MAX, 0, 0};
-  // A share per thread and source buffer: the pages of that thread's lanes of one group.
-  std::map<std::pair<size_t, size_t>, std::unique_ptr<Share>> shares;
+  std::map<std::pair<PeerSlot*, size_t>, std::unique_ptr<Share>> shares;
   for (size_t i = 0; i < t.pages.size(); ++i) {
-    const size_t lane = i % regions.size(), w = owner[lane];
-    const size_t pool = workers[w]->pool_of[lane - workers[w]->first_lane];
-    auto& share = shares[{w, pool}];
+    const size_t lane = i % regions.size();
+    PeerSlot* slot = at_lane[lane];
+    const size_t pool = slot->worker->pool_of[lane - slot->worker->first_lane];
+    auto& share = shares[{slot, pool}];
     if (!share) share = std::make_unique<Share>();
+    share->slot = slot;
     share->pool = pool;
     share->positions.push_back(static_cast<uint32_t>(i));
   }
   for (auto& [at, share] : shares) {
     share->bytes = share->positions.size() * t.page_size;
-    const uint64_t holds = workers[at.first]->pools[at.second].memory.size();
+    const uint64_t holds = at.first->worker->pools[at.second].memory.size();
     if (share->bytes > holds)
       return "request " + std::to_string(t.request_id) + " needs " + std::to_string(share->bytes) +
              " bytes of source memory in a buffer of " + std::to_string(holds) +
-             " (what CONNECT asked for)";
+             " (--server-memory over the server's lanes)";
   }
   request->shares_left = shares.size();
   for (auto& [at, share] : shares) {
-    Worker& worker = *workers[at.first];
+    Worker& worker = *at.first->worker;
     share->request = request;
     share->total = share->positions.size() * t.repeat;
     {
@@ -205,157 +252,120 @@ std::string Session::Dispatch(wire::Transfer transfer) {
   }
   return "";
 }
-// A data thread that has not gone round its loop for --peer-timeout is stuck inside a
-// provider call: libfabric 1.17's shm does that when a peer is killed while holding the
-// spinlock of its shared-memory region, until common/shm_lock.cpp takes the lock over.
-service::Session::Report Session::Poll() {
+// What the data threads did for this client since the last call: requests finished, a
+// failure, and a thread whose WRITEs to it stopped completing, told once per stall.
+service::Session::Report Peer::Poll() {
   Report report;
   {
     std::lock_guard lock(mutex);
     report.finished.swap(finished);
     report.failure = failure;
   }
-  const auto limit = std::chrono::duration<double>(peer_timeout_s);
   // Told before --peer-timeout would drop the client for the same silence.
-  const auto stall_told_after =
+  const auto limit = std::chrono::duration<double>(engine->options.peer_timeout_s);
+  const auto told_after =
       std::min<Clock::duration>(kStallTold, std::chrono::duration_cast<Clock::duration>(limit / 2));
-  for (size_t i = 0; i < workers.size(); ++i) {
-    Worker* w = workers[i].get();
-    const uint64_t rounds = w->rounds.load();
-    if (rounds != w->rounds_seen) {
-      w->rounds_seen = rounds;
-      w->seen_at = Clock::now();
+  for (const auto& s : slots) {
+    PeerSlot& slot = *s;
+    Worker& w = *slot.worker;
+    const uint64_t rounds = w.rounds.load(std::memory_order_relaxed);
+    // WRITEs owed and none completed for told_after since the last completion or new share:
+    // said once, with what the thread did since, which tells the three stalls apart: it
+    // went round with posts refused (the provider's queue is full), it went round with every
+    // post taken (the provider or the peer holds the completions), or it did not go round
+    // (stuck inside a provider call).
+    const Clock::rep work = slot.last_work.load(std::memory_order_relaxed);
+    if (work != slot.completion_seen) {
+      slot.completion_seen = work;
+      slot.rounds_at_completion = rounds;
+      slot.refused_at_completion = w.refused.load(std::memory_order_relaxed);
+      slot.cpu_at_completion = CpuSecondsOf(w.thread);
+      slot.stall_told = false;
     }
-    // WRITEs owed and none completed for stall_told_after since the last completion or new
-    // share (Worker::last_work): said once, with what the thread did since, which tells the
-    // three stalls apart: it went round with posts refused (the provider's queue is full), it
-    // went round with every post taken (the provider or the peer holds the completions), or
-    // it did not go round (stuck inside a provider call).
-    const Clock::rep completed = w->last_work.load(std::memory_order_relaxed);
-    if (completed != w->completion_seen) {
-      w->completion_seen = completed;
-      w->rounds_at_completion = rounds;
-      w->refused_at_completion = w->refused.load(std::memory_order_relaxed);
-      w->cpu_at_completion = CpuSecondsOf(w->thread);
-      w->stall_told = false;
-    }
-    // Owed: WRITEs in flight, or none while a share of a request waits to be written (the
-    // thread does not post: stuck in a provider call, or queued on a core something else took).
-    const uint64_t owed = w->in_flight.load(std::memory_order_relaxed);
-    const size_t held = w->shares_held.load(std::memory_order_relaxed);
-    const auto quiet = Clock::now() - LastWork(*w);
-    if (!w->stall_told && !w->exited && (owed > 0 || held > 0) && quiet > stall_told_after) {
-      w->stall_told = true;
+    const uint64_t owed = slot.in_flight.load(std::memory_order_relaxed);
+    const size_t held = slot.shares_held.load(std::memory_order_relaxed);
+    if (!slot.stall_told && !w.exited && (owed > 0 || held > 0) &&
+        Clock::now() - LastWork(slot) > told_after) {
+      slot.stall_told = true;
       report.stalls.push_back(
-          "thread " + std::to_string(i) + ": no WRITE has completed for " +
-          FormatSeconds(stall_told_after) + ", " +
+          "thread " + std::to_string(w.index) + ": no WRITE has completed for " +
+          FormatSeconds(told_after) + ", " +
           (owed > 0 ? std::to_string(owed) + " owed"
                     : "none in flight though " + std::to_string(held) + " share" +
                           (held == 1 ? " of a request waits" : "s of requests wait") +
                           " to be written") +
           "; since its last completion it went round " +
-          std::to_string(rounds - w->rounds_at_completion) + " times and the provider refused " +
-          std::to_string(w->refused.load(std::memory_order_relaxed) - w->refused_at_completion) +
-          " posts (-FI_EAGAIN)" + Whereabouts(*w));
+          std::to_string(rounds - slot.rounds_at_completion) + " times and the provider refused " +
+          std::to_string(w.refused.load(std::memory_order_relaxed) - slot.refused_at_completion) +
+          " posts (-FI_EAGAIN)" + Whereabouts(slot));
     }
-    // <rung pin>
-    if (On(wire::kEnginePin) && !pinned.empty() && w->cpu && !w->exited && w->tid != 0 &&
-        cores != nullptr)
-      if (std::string moved = w->core.Check(w->tid, *w->cpu, cores->given); !moved.empty())
-        report.stalls.push_back("thread " + std::to_string(i) + ": " + moved);
-    // </rung pin>
-    if (report.failure.empty() && !w->exited && Clock::now() - w->seen_at > limit)
-      report.failure = "a data thread has been stuck in the provider for " +
-                       std::to_string(static_cast<int>(limit.count())) + " s";
-    report.last_completion = std::max(
-        report.last_completion, Clock::time_point{Clock::duration(w->last_completion.load())});
+    report.last_completion =
+        std::max(report.last_completion,
+                 Clock::time_point{Clock::duration(slot.last_completion.load())});
   }
   return report;
 }
-void Cores::Hold(const std::vector<unsigned>& cpus) {
-  held.insert(cpus.begin(), cpus.end());
-  if (!cpus.empty()) PlaceCaller();
-}
-void Cores::Release(const std::vector<unsigned>& cpus) {
-  for (unsigned c : cpus)
-    if (auto it = held.find(c); it != held.end()) held.erase(it);
-  if (!cpus.empty()) PlaceCaller();
-}
-void Cores::PlaceCaller() const {
-  std::string why;
-  if (!BindThreadTo(ControlCpus(given, {held.begin(), held.end()}), why))
-    std::printf("warning: the control thread stays where it was: %s\n", why.c_str());
-}
-// Stops the threads and waits for them; destroying the session then frees the rest. False
-// when a thread is stuck in the provider and cannot be stopped: it is left running at idle
-// priority (it only gets a CPU nobody else wants), and its session is never freed.
-bool Session::Stop(const std::function<void()>& meanwhile) {
-  stop = true;
-  for (auto& w : workers) {
-    {
-      std::lock_guard lock(w->inbox_mutex);  // so no thread misses the wake-up
+// Leaves the engine: each thread that serves it takes no new WRITE for it, waits for those in
+// flight to complete (or fail), and only then removes its AV entries, so that no fi_addr is
+// reused while an operation can still complete on it. False when a thread has not let it go
+// within a few seconds (its WRITEs never complete): the entry is then never freed.
+bool Peer::Stop(const std::function<void()>& meanwhile) {
+  if (!stopped) {
+    stopped = true;
+    engine->reserved -= reservation;  // no new request of its can take source memory
+    reservation = 0;
+    for (auto& slot : slots) {
+      Worker& w = *slot->worker;
+      {
+        std::lock_guard lock(w.inbox_mutex);
+        w.leaving.push_back(slot.get());
+        w.has_inbox = true;
+      }
+      w.inbox_ready.notify_all();
     }
-    w->inbox_ready.notify_all();
   }
-  // A loop takes <= 100 ms; a thread waiting on a dead client's lock is let go within the
-  // patience of common/shm_lock.cpp.
+  // A thread's loop takes <= 100 ms; a thread waiting on a dead client's lock is let go within
+  // the patience of common/shm_lock.cpp.
   const auto deadline =
       Clock::now() + std::chrono::duration_cast<Clock::duration>(
                          std::chrono::duration<double>(std::max(2.0, kShmLockPatienceSeconds + 1)));
-  bool all = true;
-  for (auto& w : workers) {
-    while (!w->exited && Clock::now() < deadline) {
-      if (meanwhile) meanwhile();
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-    if (w->exited) {
-      if (w->thread.joinable()) w->thread.join();
-      continue;
-    }
-    sched_param idle{};
-    sched_setscheduler(w->tid, SCHED_IDLE, &idle);
-    w->thread.detach();
-    all = false;
+  auto all_left = [&] {
+    return std::all_of(slots.begin(), slots.end(), [](const auto& s) {
+      return s->left.load(std::memory_order_acquire) || s->worker->exited;
+    });
+  };
+  while (!all_left() && Clock::now() < deadline) {
+    if (meanwhile) meanwhile();
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
-  if (!all) Abandon();
-  return all;
+  if (all_left()) return true;
+  if (!stuck) ++engine->stuck_leaves;
+  stuck = true;
+  return false;
 }
-// A session with a stuck thread is never freed: the thread would read it the moment the
-// provider let it go. But its host source memory goes back to the system (a late read gets
-// zeros, not freed memory, and its client is gone), and no longer counts against
-// --server-memory: otherwise each killed client that wedged a thread (1.17's shm) took its
-// share of the budget for good, and once they filled it every new client was refused.
-void Session::Abandon() {
-  if (ready < workers.size()) return;  // a thread stuck opening its lanes may still be making them
-  bool all_host = true;
-  for (auto& w : workers)
-    for (auto& pool : w->pools) all_host = pool.memory.DiscardHostPages() && all_host;
-  if (all_host && reserved != nullptr) {
-    *reserved -= reservation;
-    reservation = 0;
-  }
-}
-// The totals, and what each rung did, as the threads counted it.
-std::string Session::Totals() const {
+// The totals, and what each rung did for this client, as its threads counted it.
+std::string Peer::Totals() const {
   uint64_t writes = shared.writes, bytes = shared.bytes, most_prepared = 0, posts = 0,
            doorbells = 0, in_poll = 0, moves = 0, completions = 0;
   std::string placement;
   double cpu = 0;
-  size_t still_running = 0;
-  for (const auto& w : workers) {  // sharded counters are summed only now
-    if (w->exited)
-      cpu += w->cpu_seconds;
-    else
-      ++still_running;
-    writes += w->writes;
-    bytes += w->bytes;
-    most_prepared = std::max(most_prepared, w->most_prepared);
-    posts += w->posts;
-    doorbells += w->doorbells;
-    in_poll += w->posted_in_poll;
-    moves += w->core_moves;
-    completions += w->completions;
-    placement += (placement.empty() ? "" : "; ") + w->placement;
+  size_t still = 0;
+  for (const auto& s : slots) {
+    const PeerSlot& slot = *s;
+    placement += (placement.empty() ? "" : "; ") + slot.worker->placement;
+    if (!slot.left.load(std::memory_order_acquire)) {  // its counters are its thread's still
+      ++still;
+      continue;
+    }
+    writes += slot.writes;
+    bytes += slot.bytes;
+    most_prepared = std::max(most_prepared, slot.most_prepared);
+    posts += slot.posts;
+    doorbells += slot.doorbells;
+    in_poll += slot.posted_in_poll;
+    completions += slot.completions;
+    moves += slot.worker->core_moves.load() - slot.moves_at_join;
+    cpu += std::max(0.0, slot.cpu_at_leave - slot.cpu_at_join);
   }
   char line[512];
   std::snprintf(line, sizeof(line),
@@ -363,18 +373,21 @@ std::string Session::Totals() const {
                 "at most %llu WRITEs prepared per visit, %.2f WRITEs per doorbell, %.2f per "
                 "completion, %.0f%% posted from the CQ poll, %llu moves between cores",
                 static_cast<unsigned long long>(writes), static_cast<unsigned long long>(bytes),
-                workers.size(), placement.c_str(), static_cast<unsigned long long>(shared.locks),
+                slots.size(), placement.c_str(), static_cast<unsigned long long>(shared.locks),
                 static_cast<unsigned long long>(most_prepared),
                 doorbells ? static_cast<double>(posts) / static_cast<double>(doorbells) : 0.0,
                 completions ? static_cast<double>(posts) / static_cast<double>(completions) : 0.0,
                 posts ? 100.0 * static_cast<double>(in_poll) / static_cast<double>(posts) : 0.0,
                 static_cast<unsigned long long>(moves));
   std::string text = line;
+  // The threads serve every client: their CPU while this one was in the engine.
   char cpu_text[128];
-  std::snprintf(cpu_text, sizeof(cpu_text), "; CPU: data threads %.3f s", cpu);
+  std::snprintf(cpu_text, sizeof(cpu_text), "; CPU: data threads %.3f s while it was connected",
+                cpu);
   text += cpu_text;
-  if (still_running > 0)  // a thread stuck in the provider has not said what it used
-    text += " (and " + std::to_string(still_running) + " still in the provider)";
+  if (still > 0)  // a thread that has not let it go has not said what it did
+    text += " (and " + std::to_string(still) + " thread" + (still == 1 ? "" : "s") +
+            " still holding WRITEs of its in the provider)";
   if (wire && !wire->empty()) {
     uint64_t sent = 0;
     const auto per_nic = wire->Bytes();
@@ -387,96 +400,238 @@ std::string Session::Totals() const {
   }
   return text;
 }
-// The engine the service drives: a session per CONNECT, its lanes dealt to its threads in
-// contiguous blocks, which are the topology's groups when there is a thread per group.
-std::unique_ptr<service::Session> Engine::Open(const wire::Connect& connect) {
-  auto s = std::make_unique<Session>();
-  // The client expects each lane's WRITEs on that lane: a lane the server lacks would never
-  // be written, so a client with more lanes than the server is refused, not half served.
-  if (connect.lanes.size() > plan_.lanes.size())
-    throw Error("the client has " + std::to_string(connect.lanes.size()) + " lanes, this server " +
-                std::to_string(plan_.lanes.size()) + " (start both with the same --nics)");
-  const size_t used = connect.lanes.size();
-  for (size_t l = 0; l < used; ++l) {
-    s->addresses.push_back(connect.lanes[l].address);
-    s->regions.push_back(connect.lanes[l].region);
+
+// ---- The engine ----
+
+void Cores::Hold(const std::vector<unsigned>& cpus) {
+  held = cpus;
+  std::string why;
+  if (!BindThreadTo(ControlCpus(given, held), why))
+    std::printf("warning: the control thread stays where it was: %s\n", why.c_str());
+}
+Engine::Engine(const Options& options_in, const Plan& plan_in, const Topology& topology_in,
+               WaitMode wait_in, MemoryPath memory_in)
+    : options(options_in), plan(plan_in), topology(topology_in), wait(wait_in), memory(memory_in) {
+  cores.given = GivenCpus();  // before any thread pins itself
+  // Source memory: --server-memory over the lanes, each group's part in its own buffer.
+  pool_per_lane = std::max<uint64_t>(options.server_memory / plan.lanes.size(), 4096);
+  Build(ShapeFor(EngineFromOptions(options), plan));
+}
+// Stops the threads (a loop takes <= 100 ms); one that does not come back from the provider
+// is left to the process's exit.
+void StopWorkers(std::vector<std::unique_ptr<Worker>>& workers) {
+  for (auto& w : workers) {
+    w->stop = true;
+    {
+      std::lock_guard lock(w->inbox_mutex);  // so no thread misses the wake-up
+    }
+    w->inbox_ready.notify_all();
   }
-  s->engine = connect.engine;
-  if (s->engine.window == 0) s->engine.window = static_cast<uint32_t>(options_.window);
-  const size_t tx = plan_.lanes[0]->tx_attr->size;
-  if (s->engine.window > tx || s->engine.doorbell > s->engine.window)
-    throw Error("window " + std::to_string(s->engine.window) + " and doorbell " +
-                std::to_string(s->engine.doorbell) + " must fit the provider's queue of " +
-                std::to_string(tx) + " (doorbell <= window <= " + std::to_string(tx) + ")");
-  if (s->engine.memory * used > options_.client_memory)
-    throw Error("it asks for " + std::to_string(s->engine.memory * used) +
-                " bytes of source memory, over this server's " +
-                std::to_string(options_.client_memory) + " per client (--client-memory)");
-  const uint64_t asked = s->engine.memory * used;
-  if (reserved_ + asked > options_.server_memory)
-    throw Error("it asks for " + std::to_string(asked) + " bytes of source memory, and the " +
-                "sessions open hold " + std::to_string(reserved_.load()) + " of this server's " +
-                std::to_string(options_.server_memory) + " for all (--server-memory)");
-  reserved_ += asked;
-  s->reserved = &reserved_;
-  s->reservation = asked;
-  s->wait = wait_;
-  s->peer_timeout_s = options_.peer_timeout_s;
-  s->memory = memory_;
-  s->plan = &plan_;
-  s->topology = &topology_;
-  // <rung threads>
-  const size_t threads = ThreadsFor(s->engine.threads, plan_, used);
-  // </rung threads>
-  // <without threads> const size_t threads = 1;
-  std::map<const DeviceGroup*, size_t> per_group;  // threads placed in each group so far
-  const bool here = IsThisSystem(topology_);       // not a rehearsal (--topology)
+  const auto deadline = Clock::now() + std::chrono::seconds(3);
+  for (auto& w : workers) {
+    while (!w->exited && Clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    if (w->exited) {
+      if (w->thread.joinable()) w->thread.join();
+    } else {
+      w->thread.detach();
+      (void)w.release();  // its thread still uses it
+    }
+  }
+  workers.clear();
+}
+Engine::~Engine() {
+  StopWorkers(workers);
+}
+bool Engine::On(uint32_t flag) const {
+  return FlagsOf(shape) & flag;
+}
+// The lanes, dealt to the threads in contiguous blocks (the topology's groups when there is a
+// thread per group); each thread on a core of its group, no two on one core while the group
+// has cores left among those this server was given (taskset, Slurm, a cpuset).
+void Engine::Build(const Shape& wanted) {
+  StopWorkers(workers);
+  owner.clear();
+  shape = wanted;
+  const size_t lanes = plan.lanes.size(), threads = shape.threads;
+  const bool here = IsThisSystem(topology);  // not a rehearsal (--topology)
+  std::set<unsigned> taken;
+  std::vector<unsigned> pinned;
   for (size_t t = 0; t < threads; ++t) {
     auto w = std::make_unique<Worker>();
-    w->session = s.get();
-    w->first_lane = t * used / threads;
-    w->lane_count = (t + 1) * used / threads - w->first_lane;
-    w->group = &plan_.groups[plan_.group_of[w->first_lane]];
-    // The group's cores among those this server was given (taskset, Slurm, a cpuset).
+    w->engine = this;
+    w->index = t;
+    w->first_lane = t * lanes / threads;
+    w->lane_count = (t + 1) * lanes / threads - w->first_lane;
+    w->group = &plan.groups[plan.group_of[w->first_lane]];
     const std::vector<unsigned> cpus =
-        here ? CpusWithin(w->group->cpus, cores_.given) : w->group->cpus;
-    if (!cpus.empty()) w->cpu = cpus[per_group[w->group]++ % cpus.size()];
+        here ? CpusWithin(w->group->cpus, cores.given) : w->group->cpus;
+    for (unsigned c : cpus)
+      if (!w->cpu && !taken.count(c)) w->cpu = c;
+    if (!w->cpu && !cpus.empty()) w->cpu = cpus[t % cpus.size()];  // more threads than cores
+    if (w->cpu) taken.insert(*w->cpu);
     // <rung pin>
-    if (here && s->On(wire::kEnginePin) && w->cpu) s->pinned.push_back(*w->cpu);
+    if (here && shape.pin && w->cpu) pinned.push_back(*w->cpu);
     // </rung pin>
-    for (size_t l = 0; l < w->lane_count; ++l) s->owner.push_back(t);
-    s->workers.push_back(std::move(w));
+    for (size_t l = 0; l < w->lane_count; ++l) owner.push_back(t);
+    workers.push_back(std::move(w));
   }
-  // The session's window, which threads share without sharding (--no-shard).
-  s->shared.ops.resize(s->engine.window * used);
-  for (auto& op : s->shared.ops) s->shared.free_ops.push_back(&op);
-  for (auto& w : s->workers) w->thread = std::thread(RunWorker, std::ref(*w));
+  // New threads take this thread's cores: every given one, not those it kept to before.
+  std::string why;
+  if (!BindThreadTo(cores.given, why))
+    std::printf("warning: the data threads start where the control thread was: %s\n", why.c_str());
+  for (auto& w : workers) w->thread = std::thread(RunWorker, std::ref(*w));
   // Opening lanes is this host's own work, not a peer's answer, so --timeout does not bound
-  // it: libfabric 2.x's rxm zeroes its buffer pools in fi_endpoint (measured: 32 tcp lanes
-  // took 2.5-4.7 s on an idle 2-core host, over 10 s with its cores busy). A minute, for a
-  // provider stuck in an open call.
-  const double open_s = std::max(options_.timeout_s, 60.0);
+  // it (libfabric 2.x's rxm zeroes its buffer pools in fi_endpoint): a minute, for a provider
+  // stuck in an open call.
+  const double open_s = std::max(options.timeout_s, 60.0);
   const auto deadline = Clock::now() + std::chrono::duration<double>(open_s);
-  while (s->ready < s->workers.size() && !s->stop && Clock::now() < deadline)
+  auto opened = [&] {
+    return std::all_of(workers.begin(), workers.end(), [](const auto& w) {
+      return w->ready.load() || w->exited.load();
+    });
+  };
+  while (!opened() && Clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  for (auto& w : workers)
+    if (w->exited) throw Error("a data thread could not open its lanes: " + w->failure);
+  if (!opened())
+    throw Error("the data threads' lanes did not open within " +
+                std::to_string(static_cast<int>(open_s)) + " s");
+  cores.Hold(pinned);  // this (service) thread moves off the cores they hold
+}
+// A CONNECT: the client's entry in the lanes it has. An engine rung it asks for that the
+// engine does not have is built for it when no other client is connected (--ladder's rungs,
+// one client after another); otherwise it is served by the engine as it is, and told so.
+std::unique_ptr<service::Session> Engine::Open(const wire::Connect& connect) {
+  // The client expects each lane's WRITEs on that lane: a lane the server lacks would never
+  // be written, so a client with more lanes than the server is refused, not half served.
+  if (connect.lanes.size() > plan.lanes.size())
+    throw Error("the client has " + std::to_string(connect.lanes.size()) + " lanes, this server " +
+                std::to_string(plan.lanes.size()) + " (start both with the same --nics)");
+  const size_t used = connect.lanes.size();
+  wire::Engine settings = connect.engine;
+  if (settings.window == 0) settings.window = static_cast<uint32_t>(options.window);
+  const size_t tx = plan.lanes[0]->tx_attr->size;
+  if (settings.window > tx || settings.doorbell > settings.window)
+    throw Error("window " + std::to_string(settings.window) + " and doorbell " +
+                std::to_string(settings.doorbell) + " must fit the provider's queue of " +
+                std::to_string(tx) + " (doorbell <= window <= " + std::to_string(tx) + ")");
+  const uint64_t asked_memory = settings.memory * used;
+  if (asked_memory > options.client_memory)
+    throw Error("it asks for " + std::to_string(asked_memory) +
+                " bytes of source memory, over this server's " +
+                std::to_string(options.client_memory) + " per client (--client-memory)");
+  if (reserved + asked_memory > options.server_memory)
+    throw Error("it asks for " + std::to_string(asked_memory) + " bytes of source memory, and " +
+                "the clients connected hold " + std::to_string(reserved) + " of this server's " +
+                std::to_string(options.server_memory) + " for all (--server-memory)");
+  const Shape wanted = ShapeFor(settings, plan);
+  std::string asked;
+  if (!(wanted == shape)) {
+    if (peers == 0) {
+      const auto began = Clock::now();
+      Build(wanted);
+      std::printf("engine rebuilt for the next client: %s; %s\n", DescribeShape(shape).c_str(),
+                  FormatSeconds(Clock::now() - began).c_str());
+    } else {
+      asked = "; it asked for " + DescribeShape(wanted) + ", which waits until no client is on";
+    }
+  }
+  auto p = std::make_unique<Peer>();
+  p->engine = this;
+  ++peers;  // from here its destructor counts it out
+  p->asked = asked;
+  p->settings = settings;
+  p->settings.flags = FlagsOf(shape) | (settings.flags & wire::kEngineLazy);
+  p->settings.threads = static_cast<uint32_t>(shape.threads);
+  for (size_t l = 0; l < used; ++l) {
+    p->addresses.push_back(connect.lanes[l].address);
+    p->regions.push_back(connect.lanes[l].region);
+  }
+  // --no-shard: one window for all its threads.
+  p->shared.ops.resize(settings.window * used);
+  for (auto& op : p->shared.ops) p->shared.free_ops.push_back(&op);
+  for (auto& w : workers) {
+    if (w->first_lane >= used) break;
+    auto slot = std::make_unique<PeerSlot>();
+    slot->peer = p.get();
+    slot->worker = w.get();
+    slot->lanes_used = std::min(w->lane_count, used - w->first_lane);
+    // <rung shard>
+    if (shape.shard) {  // its window on this thread's lanes, the thread's alone
+      slot->ops.resize(settings.window * slot->lanes_used);
+      for (auto& op : slot->ops) slot->free_ops.push_back(&op);
+    }
+    // </rung shard>
+    for (size_t l = 0; l < slot->lanes_used; ++l) p->at_lane.push_back(slot.get());
+    p->slots.push_back(std::move(slot));
+  }
+  // Its entries go into the AVs by the threads that own the lanes (FI_THREAD_DOMAIN: one
+  // thread at a time uses a domain).
+  for (auto& slot : p->slots) {
+    Worker& w = *slot->worker;
+    {
+      std::lock_guard lock(w.inbox_mutex);
+      w.joining.push_back(slot.get());
+      w.has_inbox = true;
+    }
+    w.inbox_ready.notify_all();
+  }
+  const auto deadline = Clock::now() + std::chrono::seconds(10);
+  auto joined = [&] {
+    return std::all_of(p->slots.begin(), p->slots.end(),
+                       [](const auto& s) { return s->joined.load(std::memory_order_acquire); });
+  };
+  while (!joined() && Clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
   std::string why;
   {
-    std::lock_guard lock(s->mutex);
-    why = s->failure;
+    std::lock_guard lock(p->mutex);
+    why = p->failure;
   }
-  if (why.empty() && s->ready < s->workers.size())
-    why = "its lanes did not open within " + std::to_string(static_cast<int>(open_s)) + " s";
-  s->cores = &cores_;  // this (service) thread moves off the cores they now hold
-  cores_.Hold(s->pinned);
-  std::vector<std::string> domains;
-  for (size_t l = 0; l < used; ++l) domains.push_back(plan_.lanes[l]->domain_attr->name);
-  s->wire = std::make_unique<WireBytes>(domains, WireDirection::kSent);
-  s->wire->Start();
+  if (why.empty() && !joined()) why = "the data threads did not take it within 10 s";
   if (!why.empty()) {
-    if (!s->Stop()) s.release();  // a thread is stuck in the provider: never freed
+    if (!p->Stop()) (void)p.release();  // a thread still holds it: never freed
     throw Error(why);
   }
-  return s;
+  reserved += asked_memory;
+  p->reservation = asked_memory;
+  std::vector<std::string> domains;
+  for (size_t l = 0; l < used; ++l) domains.push_back(plan.lanes[l]->domain_attr->name);
+  p->wire = std::make_unique<WireBytes>(domains, WireDirection::kSent);
+  p->wire->Start();
+  return p;
+}
+// Once a round: a thread that has not gone round for --peer-timeout is stuck inside a
+// provider call, and the engine cannot go on without it; a pinned thread something else kept
+// off its core is moved (CoreWatch).
+service::Engine::Report Engine::Watch() {
+  Report report;
+  if (stuck_leaves > 0 && CompletesInOrder(*plan.lanes[0]))
+    report.fatal = "a client left WRITEs in flight that never complete, and libfabric 1.17's shm "
+                   "completes a lane's WRITEs in order: none would complete again (README.md, "
+                   "\"Which provider keeps which promise\")";
+  const auto limit = std::chrono::duration<double>(options.peer_timeout_s);
+  for (auto& wp : workers) {
+    Worker& w = *wp;
+    const uint64_t rounds = w.rounds.load(std::memory_order_relaxed);
+    if (rounds != w.rounds_seen) {
+      w.rounds_seen = rounds;
+      w.seen_at = Clock::now();
+    }
+    if (w.exited && report.fatal.empty())
+      report.fatal = "data thread " + std::to_string(w.index) + " ended: " + w.failure;
+    else if (report.fatal.empty() && Clock::now() - w.seen_at > limit)
+      report.fatal = "data thread " + std::to_string(w.index) + " has been stuck in the " +
+                     "provider for " + FormatSeconds(Clock::now() - w.seen_at) + "; it is now " + WhereIs(w.tid);
+    // <rung pin>
+    if (shape.pin && w.cpu && !w.exited && w.tid != 0 && IsThisSystem(topology))
+      if (std::string moved = w.core.Check(w.tid, *w.cpu, cores.given); !moved.empty())
+        report.lines.push_back("thread " + std::to_string(w.index) + ": " + moved);
+    // </rung pin>
+  }
+  return report;
 }
 
 }  // namespace p5

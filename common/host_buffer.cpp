@@ -15,14 +15,15 @@ void HostBuffer::Free::operator()(uint8_t* p) const noexcept {
 }
 
 HostBuffer::HostBuffer(size_t size, Pages pages, size_t alignment) : size_(size) {
-  const bool huge = pages == Pages::kHuge && size >= kHugePage;
+  const bool huge = pages != Pages::kSmall && size >= kHugePage;
   if (huge) alignment = std::max(alignment, kHugePage);
   const size_t rounded = (size + alignment - 1) / alignment * alignment;
   void* p = std::aligned_alloc(alignment, rounded == 0 ? alignment : rounded);
   if (p == nullptr)
     throw Error("cannot allocate " + std::to_string(size) + " bytes of host memory");
   if (huge) madvise(p, rounded, MADV_HUGEPAGE);           // advice only: fine if refused
-  std::memset(p, 0, rounded == 0 ? alignment : rounded);  // touch now, not inside a timed run
+  if (pages != Pages::kHugeLazy)  // touch now, not inside a timed run
+    std::memset(p, 0, rounded == 0 ? alignment : rounded);
   data_.reset(static_cast<uint8_t*>(p));
 }
 

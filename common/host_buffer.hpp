@@ -15,8 +15,9 @@ inline constexpr size_t kHugePage = 2 << 20;
 // Huge pages (2 MiB, transparent) suit memory that lives long: fewer TLB misses, and far fewer
 // pages for the kernel to pin when shm copies between processes. Asking for them costs time
 // when the buffer is made (the kernel may compact memory to find them: 150 ms and more for
-// 64 MiB), so memory made for one request takes small pages.
-enum class Pages { kHuge, kSmall };
+// 64 MiB), so memory made for one request takes small pages. A large buffer used in parts (a
+// server's source memory, lent to many clients' requests) is touched only where first written.
+enum class Pages { kHuge, kSmall, kHugeLazy };
 
 class HostBuffer {
  public:

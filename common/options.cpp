@@ -215,12 +215,14 @@ void AddOptions(CLI::App& app, Options& o, unsigned groups) {
   if (groups & kEngineOptions) {
     AddOff(app, "--no-warmup", &o.warm, "Client: no untimed WRITEs on every lane first");
     AddSize(app, "--threads", &o.threads,
-            "Client: data threads the server runs for it (default 0: one per topology group; "
-            "1: a single thread)",
+            "Data threads of the server's engine (default 0: one per topology group; 1: a single "
+            "thread); a client asks for them, and an idle server is rebuilt so",
             "N");
-    AddOff(app, "--no-pin", &o.pin, "Client: the server's threads are not pinned to cores");
+    AddOff(app, "--no-pin", &o.pin,
+           "The server's data threads are not pinned to cores (server: at start; client: asks)");
     AddOff(app, "--no-shard", &o.shard,
-           "Client: the server's threads share one locked state instead of their own");
+           "The server's threads share one locked state per client instead of their own "
+           "(server: at start; client: asks)");
     AddSize(app, "--batch", &o.batch,
             "Client: WRITEs the server prepares per lane each time round its posting loop (the "
             "published ladder's batching; 1: one, then poll again)",
@@ -233,7 +235,8 @@ void AddOptions(CLI::App& app, Options& o, unsigned groups) {
     AddOff(app, "--eager-post", &o.lazy,
            "Client: the server posts each WRITE at once instead of from its CQ poll");
     AddOff(app, "--no-numa", &o.numa,
-           "Client: the server's memory is not bound to its threads' NUMA nodes");
+           "The server's memory is not bound to its threads' NUMA nodes (server: at start; "
+           "client: asks)");
     app.add_flag("--ladder", o.ladder,
                  "Client: run once per rung of the optimization ladder, one table row each");
     app.add_option("--test-claim", o.test_claim,
@@ -292,10 +295,10 @@ int ParseCommandLine(int argc, char** argv, const char* about, const char* progr
   AddOptions(app, options, groups);
   if (int rc = ParseCommandLine(app, argc, argv); rc >= 0) return rc;
   if ((groups & kEngineOptions) && options.peer.empty() && !options.check) {
-    for (const char* name : kEngineOptionNames) {  // the engine is what each client asks for
+    for (const char* name : kEngineOptionNames) {  // a client's own posting settings
       if (app.count(name) > 0) {
         std::fprintf(stderr,
-                     "%s: %s is a client option: each client asks the server for its engine\n",
+                     "%s: %s is a client option: each client sends its own\n",
                      program, name);
         return kExitUsage;
       }

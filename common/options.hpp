@@ -97,10 +97,11 @@ int ParseCommandLine(int argc, char** argv, const char* about, const char* progr
 // The same in two steps, for a tool that adds switches of its own to `app` in between.
 void AddOptions(CLI::App& app, Options& options, unsigned groups);
 
-// The options a client sends the server in its CONNECT (07), named for error messages.
-inline constexpr const char* kEngineOptionNames[] = {
-    "--no-warmup", "-w",           "--threads", "--no-pin", "--no-shard", "--batch",
-    "--doorbell",  "--eager-post", "--no-numa", "--ladder", "-W"};
+// The options only a client has (07): its posting settings, sent in its CONNECT, named for
+// error messages. The engine's shape (--threads, --no-pin, --no-shard, --no-numa) is the
+// server's at start, and what a client asks for.
+inline constexpr const char* kEngineOptionNames[] = {"--no-warmup", "-w",       "--batch", "--doorbell",
+                                                     "--eager-post", "--ladder", "-W"};
 
 int ParseCommandLine(CLI::App& app, int argc, char** argv);
 

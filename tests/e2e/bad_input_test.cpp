@@ -119,12 +119,12 @@ TEST_P(BadLaneInput, BlockingWithoutAWaitObject) {
 
 INSTANTIATE_TEST_SUITE_P(Stages, BadLaneInput, ::testing::Values("06_multi_nic", "07_full_p5"));
 
-// 07's engine switches: the client's to give, with bounds.
+// 07's posting switches are the client's to give; the engine's shape is the server's too.
 class BadEngineInput : public BadInput {};
 
-TEST_P(BadEngineInput, EngineSwitchesBelongToTheClient) {
-  ExpectUsageError({"-p", "shm", "--threads", "2"}, "--threads is a client option");
-  ExpectUsageError({"-p", "shm", "--no-pin"}, "--no-pin is a client option");
+TEST_P(BadEngineInput, PostingSwitchesBelongToTheClient) {
+  ExpectUsageError({"-p", "shm", "--batch", "2"}, "--batch is a client option");
+  ExpectUsageError({"-p", "shm", "--eager-post"}, "--eager-post is a client option");
 }
 
 TEST_P(BadEngineInput, BatchAndThreadsOutOfRange) {

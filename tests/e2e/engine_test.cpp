@@ -89,9 +89,10 @@ TEST_P(Engine, OneTwoAndFourLanesWithOneAndTwoThreads) {
   }
   Result done = server.Wait();
   EXPECT_EQ(done.exit_code, 0) << done.err;
-  // Threads never outnumber lanes: one lane gets one thread.
+  // The engine's 2 threads drive lanes 0-1 and 2-3: a client with one or two lanes is served
+  // by the first alone, one with four by both.
   EXPECT_NE(done.out.find("1 lanes, 1 thread,"), std::string::npos) << done.out;
-  EXPECT_NE(done.out.find("2 lanes, 2 threads,"), std::string::npos) << done.out;
+  EXPECT_NE(done.out.find("2 lanes, 1 thread,"), std::string::npos) << done.out;
   EXPECT_NE(done.out.find("4 lanes, 2 threads,"), std::string::npos) << done.out;
   EXPECT_NE(done.out.find("served 6 clients"), std::string::npos) << done.out;
 }
@@ -268,6 +269,16 @@ TEST_P(Engine, FourClientsAtOnce) {
 
 // kill -9 in the middle of a transfer: the server notices, says so in one line, cleans up;
 // the client running beside it finishes verified, and the next client is served.
+// libfabric 1.17's shm completes an endpoint's WRITEs in order (main.cpp, CompletesInOrder):
+// there a client killed with WRITEs in flight leaves the engine's lanes unable to complete any
+// other, and the server says so in one line and exits 1, for its supervisor to restart it.
+bool KilledClientEndsTheServer(const std::string& provider) {
+  return provider == "shm" && fi_version() < FI_VERSION(1, 18);
+}
+constexpr const char* kInOrderLine =
+    "server: the engine cannot go on: a client left WRITEs in flight that never complete, and "
+    "libfabric 1.17's shm completes a lane's WRITEs in order";
+
 TEST_P(Engine, KilledClientIsCleanedUpWhileOthersFinish) {
   StageServer server(kStage, provider(), 3,
                      {"--memory", "host", "--nics", "2", "--peer-timeout", "3"});
@@ -280,6 +291,12 @@ TEST_P(Engine, KilledClientIsCleanedUpWhileOthersFinish) {
   Process other = StartClient(server.address(), Small(200, {"--nics", "2", "--seed", "7"}));
   ASSERT_TRUE(WaitForOutput(server.process(), "client 2 connected", 30s));
   doomed.Signal(SIGKILL);
+  if (KilledClientEndsTheServer(provider())) {
+    Result done = server.Wait(60s);
+    EXPECT_EQ(done.exit_code, 1) << done.out << done.err;
+    EXPECT_NE(done.out.find(kInOrderLine), std::string::npos) << done.out;
+    return;
+  }
   Result r = other.Wait(120s);
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_EQ(NumberAfter(r.out, "verified "), 200LL * 16384 * 2);
@@ -576,8 +593,10 @@ TEST(DeadClientsLock, IsTakenOverAndTheSessionClosesWhole) {
   for (int attempt = 1; attempt <= 4; ++attempt) {
     server = std::make_unique<StageServer>(
         kStage, "shm", 0,
+        // Source memory for two clients: a dead client's placed shares keep theirs while its
+        // WRITEs stay in the provider (2.6), and the next client is served beside them.
         std::vector<std::string>{"--memory", "host", "--peer-timeout", "3", "--client-memory", "8m",
-                                 "--server-memory", "8m"});  // one session's
+                                 "--server-memory", "16m"});
     ASSERT_FALSE(server->address().empty());
     std::vector<std::string> argv = {
         "/usr/bin/env",
@@ -604,6 +623,12 @@ TEST(DeadClientsLock, IsTakenOverAndTheSessionClosesWhole) {
     }
     ASSERT_TRUE(WaitForOutput(server->process(), "client 1 lost: ", 60s))
         << server->process().Output();
+    if (KilledClientEndsTheServer("shm")) {  // the engine's lanes complete nothing again
+      Result done = server->Wait(60s);
+      EXPECT_EQ(done.exit_code, 1) << done.out << done.err;
+      EXPECT_NE(done.out.find(kInOrderLine), std::string::npos) << done.out;
+      return;
+    }
     if (!must_meet || WaitForOutput(server->process(),
                                     "warning: took over the lock of shm region /dev/shm/", 10s))
       break;
@@ -614,9 +639,8 @@ TEST(DeadClientsLock, IsTakenOverAndTheSessionClosesWhole) {
   if (must_meet) {
     EXPECT_NE(log.find(":0:1, held for 2 s: its holder died holding it"), std::string::npos) << log;
   }
-  // The session closed whole: its thread said what it used, none was left in the provider.
-  EXPECT_EQ(log.find("still in the provider"), std::string::npos) << log;
-  EXPECT_EQ(log.find("left at idle priority"), std::string::npos) << log;
+  // From 1.18 the dead client's WRITEs may stay in the provider (its entry is then kept); the
+  // engine serves the next client around them.
   std::vector<std::string> next = transfer;
   next.insert(next.end(), {"--repeat", "2"});
   Result r = RunClient(kStage, "shm", server->address(), next);
