@@ -114,6 +114,45 @@ void CheckAddress(std::span<const uint8_t> address, const fi_info& info) {
   }
 }
 
+std::vector<uint8_t> CanonicalAddress(std::span<const uint8_t> address, uint32_t addr_format) {
+  std::vector<uint8_t> bytes(address.begin(), address.end());
+  sa_family_t family = 0;
+  if (bytes.size() >= sizeof(family)) std::memcpy(&family, bytes.data(), sizeof(family));
+  if (family == AF_INET && bytes.size() == sizeof(sockaddr_in) &&
+      (addr_format == FI_SOCKADDR_IN || addr_format == FI_SOCKADDR)) {
+    sockaddr_in in{};
+    std::memcpy(&in, bytes.data(), sizeof(in));
+    sockaddr_in canonical{};
+    canonical.sin_family = AF_INET;
+    canonical.sin_port = in.sin_port;
+    canonical.sin_addr = in.sin_addr;
+    std::memcpy(bytes.data(), &canonical, sizeof(canonical));
+    return bytes;
+  }
+  if (family == AF_INET6 && bytes.size() == sizeof(sockaddr_in6) &&
+      (addr_format == FI_SOCKADDR_IN6 || addr_format == FI_SOCKADDR)) {
+    sockaddr_in6 in6{};
+    std::memcpy(&in6, bytes.data(), sizeof(in6));
+    in6.sin6_flowinfo = 0;
+    std::memcpy(bytes.data(), &in6, sizeof(in6));
+    return bytes;
+  }
+  if (addr_format == FI_ADDR_EFA && bytes.size() == 32) {
+    std::fill(bytes.begin() + 18, bytes.begin() + 20, 0);  // pad
+    std::fill(bytes.begin() + 24, bytes.end(), 0);         // the provider's own pointer
+    return bytes;
+  }
+  if (addr_format == FI_ADDR_STR) {
+    std::string name(reinterpret_cast<const char*>(bytes.data()),
+                     std::find(bytes.begin(), bytes.end(), 0) - bytes.begin());
+    if (const size_t scheme = name.find("://"); scheme != std::string::npos)
+      name.erase(0, scheme + 3);
+    name.resize(std::min<size_t>(name.size(), 256));
+    return {name.begin(), name.end()};
+  }
+  return bytes;
+}
+
 std::string ShmFileOf(std::span<const uint8_t> address, const fi_info& info) {
   constexpr std::string_view kPrefix = "fi_shm://";
   if (std::string(info.fabric_attr->prov_name) != "shm" || address.size() < 2 ||

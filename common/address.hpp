@@ -26,6 +26,13 @@ const char* AddressFormatName(uint32_t addr_format);
 // Throws UsageError unless `address` has a shape the provider's format accepts.
 void CheckAddress(std::span<const uint8_t> address, const fi_info& info);
 
+// The address as the provider identifies a peer, for comparing and keying: two spellings that
+// reach the same endpoint give the same bytes. shm (libfabric 1.17 to 2.6, smr_no_prefix and
+// smr_name_compare) names a peer by the text after the first "://", up to its NUL and 256
+// characters; a socket address by family, port and host (sin_zero and flowinfo ignored); efa
+// (efa_is_same_addr) by GID, QPN and QKEY. Other formats: the bytes as given.
+std::vector<uint8_t> CanonicalAddress(std::span<const uint8_t> address, uint32_t addr_format);
+
 // The file of /dev/shm in which an shm endpoint named `address` keeps its queues (shm's
 // "fi_shm://1234:0:1": /dev/shm/1234:0:1), created when the endpoint is enabled; "" for an
 // address that is not such a name.

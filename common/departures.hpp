@@ -34,6 +34,7 @@
 #include <map>
 #include <vector>
 
+#include "address.hpp"
 #include "error.hpp"
 #include "shm_lock.hpp"
 
@@ -46,6 +47,7 @@ class Departures {
   // Before any peer is inserted into `av`; `own`: the address of the endpoint bound to it.
   Departures(fid_av* av, const fi_info& info, const std::vector<uint8_t>& own)
       : av_(av),
+        format_(info.addr_format),
         park_(std::strcmp(info.fabric_attr->prov_name, "shm") == 0 && FI_MAJOR(fi_version()) < 2) {
     fi_addr_t self = FI_ADDR_UNSPEC;
     if (park_ && (fi_av_insert(av_, own.data(), 1, &self, 0, nullptr) != 1 || self != 0))
@@ -76,12 +78,14 @@ class Departures {
   // address goes into the AV once: libfabric's AVs count insertions of the same address,
   // and shm's fills up (256) on them although each fi_av_remove unmaps the peer (2.6,
   // smr_av_insert and smr_av_remove): a client's CONNECT, sent again until answered, would
-  // otherwise take a place of the AV for good each time.
+  // otherwise take a place of the AV for good each time. Addresses are the provider's
+  // canonical form (CanonicalAddress): another spelling of one is the same entry.
   template <typename Inserter>
   fi_addr_t Insert(const std::vector<uint8_t>& address, Inserter&& insert) {
-    if (auto it = book_.find(address); it != book_.end()) return it->second;
+    const std::vector<uint8_t> key = CanonicalAddress(address, format_);
+    if (auto it = book_.find(key); it != book_.end()) return it->second;
     const fi_addr_t id = insert(address);
-    book_[address] = id;
+    book_[key] = id;
     return id;
   }
 
@@ -132,7 +136,8 @@ class Departures {
   }
 
   fid_av* av_;
-  std::map<std::vector<uint8_t>, fi_addr_t> book_;  // what is in the AV, by address
+  uint32_t format_;
+  std::map<std::vector<uint8_t>, fi_addr_t> book_;  // what is in the AV, by canonical address
   bool park_;
   std::deque<fi_addr_t> parked_;
   std::deque<fi_addr_t> unverified_;

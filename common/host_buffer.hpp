@@ -16,7 +16,9 @@ inline constexpr size_t kHugePage = 2 << 20;
 // pages for the kernel to pin when shm copies between processes. Asking for them costs time
 // when the buffer is made (the kernel may compact memory to find them: 150 ms and more for
 // 64 MiB), so memory made for one request takes small pages. A large buffer used in parts (a
-// server's source memory, lent to many clients' requests) is touched only where first written.
+// server's source memory, lent to many clients' requests) is mapped, not allocated, and touched
+// only where first written (malloc would not leave it alone: MALLOC_PERTURB_, which Meson's
+// test runner sets, fills every allocation).
 enum class Pages { kHuge, kSmall, kHugeLazy };
 
 class HostBuffer {
@@ -31,6 +33,9 @@ class HostBuffer {
 
  private:
   struct Free {
+    Free() noexcept : mapped(0) {}
+    explicit Free(size_t bytes) noexcept : mapped(bytes) {}
+    size_t mapped;  // bytes of an mmap (kHugeLazy); 0: from aligned_alloc
     void operator()(uint8_t* p) const noexcept;
   };
   std::unique_ptr<uint8_t, Free> data_;

@@ -214,6 +214,10 @@ void AddOptions(CLI::App& app, Options& o, unsigned groups) {
   }
   if (groups & kEngineOptions) {
     AddOff(app, "--no-warmup", &o.warm, "Client: no untimed WRITEs on every lane first");
+    app.add_option("--progress-every", o.progress_every,
+                   "Client: seconds between progress lines, each with the rate since the last "
+                   "(default 0: each second on a terminal, every 5 s otherwise)")
+        ->check(CLI::NonNegativeNumber);
     AddSize(app, "--threads", &o.threads,
             "Data threads of the server's engine (default 0: one per topology group; 1: a single "
             "thread); a client asks for them, and an idle server is rebuilt so",

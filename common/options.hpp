@@ -49,6 +49,7 @@ struct Options {
   uint64_t max_requests = 64;           // server: requests in flight per client, at most
   uint64_t client_memory = 1ull << 30;  // server: source memory per client, at most
   uint64_t server_memory = 4ull << 30;  // server: source memory of all clients, at most
+  double progress_every = 0;             // 07 client: 0: 1 s on a terminal, 5 s otherwise
   double link_gbps = 0;                 // 0: sum of the link speeds libfabric reports
   uint64_t warmup = 0;
   // Lanes (06 onward)

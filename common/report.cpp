@@ -45,6 +45,12 @@ static std::string OptionalJson(const Summary& s) {
     std::snprintf(text, sizeof(text), ",\"first_write_seconds\":%.6f", s.first_write_seconds);
     json += text;
   }
+  if (s.started_at > 0) {
+    char text[96];
+    std::snprintf(text, sizeof(text), ",\"started_at\":%.6f,\"ended_at\":%.6f", s.started_at,
+                  s.started_at + s.seconds);
+    json += text;
+  }
   if (s.emulated_write >= 0)
     json += std::string(",\"emulated_write\":") + (s.emulated_write ? "true" : "false");
   if (s.receiver_cq_entries > 0)
@@ -184,17 +190,24 @@ std::string FormatProgress(uint64_t writes, uint64_t expected_writes, uint64_t b
   return line;
 }
 
-ProgressLine::ProgressLine(uint64_t expected_writes, double link_gbps)
+ProgressLine::ProgressLine(uint64_t expected_writes, double link_gbps, double every)
     : expected_(expected_writes),
       link_gbps_(link_gbps),
       tty_(isatty(STDOUT_FILENO) == 1),
-      next_(std::chrono::steady_clock::now() + std::chrono::seconds(1)) {}
+      every_(std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+          std::chrono::duration<double>(every > 0 ? every : (tty_ ? 1.0 : 5.0)))),
+      next_(std::chrono::steady_clock::now() + every_) {}
 
 void ProgressLine::Update(uint64_t writes, uint64_t bytes, double seconds) {
   const auto now = std::chrono::steady_clock::now();
   if (now < next_ || seconds <= 0) return;
-  next_ = now + std::chrono::seconds(tty_ ? 1 : 5);
-  const std::string line = FormatProgress(writes, expected_, bytes, seconds, link_gbps_);
+  next_ = now + every_;
+  char since[64];
+  std::snprintf(since, sizeof(since), "; last %.1f s: %.3f Gbps", seconds - last_seconds_,
+                Gbps(bytes - last_bytes_, seconds - last_seconds_));
+  last_bytes_ = bytes;
+  last_seconds_ = seconds;
+  const std::string line = FormatProgress(writes, expected_, bytes, seconds, link_gbps_) + since;
   std::printf(tty_ ? "\r%s\033[K" : "%s\n", line.c_str());
   std::fflush(stdout);
   printed_ = true;

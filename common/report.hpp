@@ -29,6 +29,9 @@ struct Summary {
   // figure the warmup rung moves: without warmup it carries the lanes' first use (connections
   // made, the peer's memory first mapped). Negative: not measured.
   double first_write_seconds = -1;
+  // When the timed span began, in seconds since the Unix epoch (07: the first request sent), so
+  // that several clients' spans can be laid side by side (scripts/bench-clients); 0: unknown.
+  double started_at = 0;
   // 07: what registering the client's own region cost it, apart from the transfer.
   uint64_t registered_bytes = 0;
   double registration_seconds = 0;
@@ -87,7 +90,9 @@ std::string FormatProgress(uint64_t writes, uint64_t expected_writes, uint64_t b
 // few seconds otherwise, the first a second after it was made.
 class ProgressLine {
  public:
-  ProgressLine(uint64_t expected_writes, double link_gbps);
+  // A line every `every` seconds (0: each second on a terminal, every 5 s otherwise), each
+  // with the rate since the line before (what a client that shares the server sees change).
+  ProgressLine(uint64_t expected_writes, double link_gbps, double every = 0);
   void Update(uint64_t writes, uint64_t bytes, double seconds);
   void End();  // ends the line on a terminal
 
@@ -96,7 +101,10 @@ class ProgressLine {
   double link_gbps_;
   bool tty_;
   bool printed_ = false;
+  std::chrono::steady_clock::duration every_;
   std::chrono::steady_clock::time_point next_;
+  uint64_t last_bytes_ = 0;
+  double last_seconds_ = 0;
 };
 
 }  // namespace common

@@ -3,6 +3,7 @@
 #include <netinet/in.h>
 
 #include <cstdio>
+#include <cstring>
 
 #include "address.hpp"
 #include "error.hpp"
@@ -76,4 +77,42 @@ TEST(Address, ListRoundTripsThroughAFile) {
   EXPECT_EQ(ReadAddressList(path), lanes);
   std::remove(path.c_str());
   EXPECT_THROW(ReadAddressList(path), UsageError);  // gone: one clear error
+}
+
+// Two spellings of one peer give one canonical address; two peers never do.
+TEST(Address, CanonicalFormIsThePeerNotTheSpelling) {
+  auto text = [](const std::string& s) {
+    std::vector<uint8_t> bytes(s.begin(), s.end());
+    bytes.push_back(0);
+    return bytes;
+  };
+  // shm: the name after the first "://", up to its NUL (trailing bytes are not the name).
+  const auto shm = CanonicalAddress(text("fi_shm://1234:0:1"), FI_ADDR_STR);
+  EXPECT_EQ(CanonicalAddress(text("1234:0:1"), FI_ADDR_STR), shm);
+  EXPECT_EQ(CanonicalAddress(text("fi_ns://1234:0:1"), FI_ADDR_STR), shm);
+  auto padded = text("fi_shm://1234:0:1");
+  padded.insert(padded.end(), {'x', 'y', 0});
+  EXPECT_EQ(CanonicalAddress(padded, FI_ADDR_STR), shm);
+  EXPECT_NE(CanonicalAddress(text("fi_shm://1234:0:2"), FI_ADDR_STR), shm);
+  // A socket address: family, port and host; sin_zero is not the peer.
+  sockaddr_in in{};
+  in.sin_family = AF_INET;
+  in.sin_port = htons(5000);
+  in.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::vector<uint8_t> a(sizeof in), b(sizeof in);
+  std::memcpy(a.data(), &in, sizeof in);
+  std::memset(in.sin_zero, 0x5a, sizeof in.sin_zero);
+  std::memcpy(b.data(), &in, sizeof in);
+  EXPECT_NE(a, b);
+  EXPECT_EQ(CanonicalAddress(a, FI_SOCKADDR_IN), CanonicalAddress(b, FI_SOCKADDR_IN));
+  in.sin_port = htons(5001);
+  std::memcpy(b.data(), &in, sizeof in);
+  EXPECT_NE(CanonicalAddress(a, FI_SOCKADDR_IN), CanonicalAddress(b, FI_SOCKADDR_IN));
+  // efa: GID, QPN and QKEY; the pad and the provider's pointer are not the peer.
+  std::vector<uint8_t> efa(32, 0x11), other = efa;
+  other[18] = 0;
+  other[30] = 0x77;
+  EXPECT_EQ(CanonicalAddress(efa, FI_ADDR_EFA), CanonicalAddress(other, FI_ADDR_EFA));
+  other[16] = 0x12;  // another QPN
+  EXPECT_NE(CanonicalAddress(efa, FI_ADDR_EFA), CanonicalAddress(other, FI_ADDR_EFA));
 }
