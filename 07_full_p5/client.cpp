@@ -298,7 +298,7 @@ Summary RunSession(const Options& options, std::span<const uint8_t> peer, wire::
   double link_gbps = 0;
   for (const auto& lane : lanes)  // --link-gbps is the rate of one NIC
     link_gbps += options.link_gbps > 0 ? options.link_gbps : LinkGbps(*lane.info);
-  ProgressLine progress_line(expected, link_gbps);
+  ProgressLine progress_line(expected, link_gbps, options.progress_every);
   const auto limit =
       std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(options.timeout_s));
   auto last_progress = Clock::now();
@@ -544,6 +544,8 @@ Summary RunSession(const Options& options, std::span<const uint8_t> peer, wire::
   WireBytes wire(domains, WireDirection::kReceived);
   wire.Start();
   const auto start = Clock::now();
+  const double started_at =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   const double cpu_start = ThreadCpuSeconds();  // this thread only watches: it should nap
   for (const auto& request : requests) send(request);
   while (arrived_total() < expected) {
@@ -591,6 +593,7 @@ Summary RunSession(const Options& options, std::span<const uint8_t> peer, wire::
   summary.bytes = arrived_total() * options.page_size;
   summary.writes = arrived_total();
   summary.seconds = seconds;
+  summary.started_at = started_at;
   summary.answered_seconds = until_done;
   summary.server_seconds =
       static_cast<double>(served.last_completion_ns - served.first_post_ns) / 1e9;

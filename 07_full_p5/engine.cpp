@@ -79,8 +79,6 @@ void OpenLanes(Worker& w) {
     SourcePool& pool = w.pools[w.pool_of[l]];
     pool.mrs[l] = RegisterPages(w.lanes[l].domain.get(), *w.lanes[l].info, pool.memory, FI_WRITE);
   }
-  w.pending.resize(w.lane_count);
-  w.held_back.assign(w.lane_count, 0);
   w.riders.resize(w.lane_count);
   if (IsThisSystem(e.topology))
     w.placement = DescribePlacement(e.topology);
@@ -120,14 +118,15 @@ Op* TakeOp(PeerSlot& slot) {
   Add(slot.in_flight, 1);
   return op;
 }
-void CountWrite(Op* op) {
+// A WRITE's slot back in the window; `written`: it completed (a dropped one never went out).
+void ReturnOp(Op* op, bool written) {
   PeerSlot& slot = *op->share->slot;
   Add(slot.in_flight, -1);
   ++op->share->completed;
   // <rung shard>
   if (!slot.ops.empty()) {
-    ++slot.writes;
-    slot.bytes += op->length;
+    slot.writes += written;
+    slot.bytes += written ? op->length : 0;
     slot.free_ops.push_back(op);
     return;
   }
@@ -135,10 +134,11 @@ void CountWrite(Op* op) {
   SharedState& shared = slot.peer->shared;
   std::lock_guard lock(shared.mutex);
   ++shared.locks;
-  ++shared.writes;
-  shared.bytes += op->length;
+  shared.writes += written;
+  shared.bytes += written ? op->length : 0;
   shared.free_ops.push_back(op);
 }
+void CountWrite(Op* op) { ReturnOp(op, true); }
 // A completion: its WRITE's, and those of the WRITEs it vouches for (Flush).
 void CountCompletion(Op* op) {
   ++op->share->slot->completions;
@@ -189,6 +189,13 @@ void TakeInbox(Worker& w) {
     std::erase_if(w.unplaced, [&](const Share* s) { return s->slot == slot; });
     std::erase_if(slot->shares, [](const auto& s) { return !s->placed; });
     for (auto& share : slot->shares) share->total = share->prepared;
+    // WRITEs prepared and not posted are dropped, unless some went out with FI_MORE before
+    // them: the provider may hold those until a post rings the doorbell.
+    for (size_t l = 0; l < slot->pending.size(); ++l) {
+      if (slot->held_back[l]) continue;
+      for (Op* op : slot->pending[l]) ReturnOp(op, false);
+      slot->pending[l].clear();
+    }
   }
 }
 // Shares take room in the thread's source memory in order of arrival (one that waits for room
@@ -217,26 +224,23 @@ void PlaceShares(Worker& w) {
     w.unplaced.pop_front();
   }
 }
-// Hands a lane's prepared WRITEs to the provider; each post it sends at once rings the NIC's
-// doorbell. A post the provider fails (not -FI_EAGAIN) fails its client alone.
-void Flush(Worker& w, size_t lane, bool in_poll) {
-  std::deque<Op*>& queue = w.pending[lane];
+// Hands a client's prepared WRITEs on a lane to the provider; each post it sends at once
+// rings the NIC's doorbell. A post the provider fails (not -FI_EAGAIN) fails that client alone;
+// one it refuses (-FI_EAGAIN) holds back that client's queue only.
+void Flush(Worker& w, PeerSlot& slot, size_t lane, bool in_poll) {
+  std::deque<Op*>& queue = slot.pending[lane];
   while (!queue.empty()) {
     // <rung doorbell>
     // --doorbell: in groups of the client's, FI_MORE on all but the last of each, so the
     // provider can ring the NIC once per group. A group cut short by -FI_EAGAIN leaves WRITEs
     // held back behind FI_MORE: the next post then goes without it and rings.
     const size_t group =
-        w.held_back[lane]
-            ? 1
-            : std::min<size_t>(queue.front()->share->slot->peer->settings.doorbell, queue.size());
+        slot.held_back[lane] ? 1 : std::min<size_t>(slot.peer->settings.doorbell, queue.size());
     // </rung doorbell>
     // <without doorbell> const size_t group = 1;
     for (size_t i = 0; i < group; ++i) {
       Op* op = queue.front();
-      PeerSlot& slot = *op->share->slot;
-      // A group holds one client's WRITEs: the next one's go out in a group of their own.
-      const bool more = i + 1 < group && queue[1]->share->slot == &slot;
+      const bool more = i + 1 < group;
       bool posted = false;
       try {
         posted = w.lanes[lane].PostWrite(*op, slot.dest[lane], slot.peer->regions[w.first_lane + lane],
@@ -251,7 +255,7 @@ void Flush(Worker& w, size_t lane, bool in_poll) {
       if (!posted) {
         Add(w.refused, 1);
         // <rung doorbell>
-        if (i > 0) w.held_back[lane] = 1;
+        if (i > 0) slot.held_back[lane] = 1;
         // </rung doorbell>
         return;
       }
@@ -266,16 +270,21 @@ void Flush(Worker& w, size_t lane, bool in_poll) {
       if (op->share->posted++ == 0) op->share->first_post = Clock::now();
       if (!more) break;
     }
-    w.held_back[lane] = 0;
+    slot.held_back[lane] = 0;
   }
 }
-// Whether the WRITEs at the head of a lane's queue are a lazy client's (posted from the poll).
-bool LazyHead(const Worker& w, size_t lane) {
-  // <rung lazy>
-  if (!w.pending[lane].empty())
-    return w.pending[lane].front()->share->slot->peer->On(wire::kEngineLazy);
-  // </rung lazy>
-  return false;
+// Posts every eager (lazy == false) or every lazy client's prepared WRITEs on a lane, each
+// client in turn from the thread's next one.
+void FlushLane(Worker& w, size_t lane, bool lazy, bool in_poll) {
+  const size_t n = w.slots.size();
+  for (size_t k = 0; k < n; ++k) {
+    PeerSlot& slot = *w.slots[(w.next + k) % n];
+    if (slot.pending[lane].empty()) continue;
+    // <rung lazy>
+    if (slot.peer->On(wire::kEngineLazy) != lazy) continue;
+    // </rung lazy>
+    Flush(w, slot, lane, in_poll);
+  }
 }
 // Reads every lane's completions; a failed WRITE fails its client alone.
 size_t PollLanes(Worker& w) {
@@ -299,7 +308,7 @@ size_t PollLanes(Worker& w) {
     // <rung lazy>
     // --lazy: posts a lane's prepared WRITEs right after its completions made room in its
     // queue (progress in the CQ poll).
-    if (LazyHead(w, l)) Flush(w, l, true);
+    FlushLane(w, l, true, true);
     // </rung lazy>
   }
   return done;
@@ -341,8 +350,8 @@ void PrepareFor(Worker& w, PeerSlot& slot) {
       op->share = share.get();
       op->remote_offset = t.pages[share->positions[k]] * t.page_size;
       op->lane = lane;
-      w.pending[lane].push_back(op);
-      if (eager && w.pending[lane].size() >= settings.doorbell) Flush(w, lane, false);
+      slot.pending[lane].push_back(op);
+      if (eager && slot.pending[lane].size() >= settings.doorbell) Flush(w, slot, lane, false);
       prepared_any = true;
       if (--budget == 0) break;
     }
@@ -357,10 +366,9 @@ void PostWrites(Worker& w) {
     PeerSlot& slot = *w.slots[(w.next + k) % n];
     if (!slot.leaving) PrepareFor(w, slot);
   }
-  if (n > 0) w.next = (w.next + 1) % n;
   // What eager clients prepared goes out now; a lazy client's, from the next poll.
-  for (size_t l = 0; l < w.lanes.size(); ++l)
-    if (!w.pending[l].empty() && !LazyHead(w, l)) Flush(w, l, false);
+  for (size_t l = 0; l < w.lanes.size(); ++l) FlushLane(w, l, false, false);
+  if (n > 0) w.next = (w.next + 1) % n;
 }
 // Shares whose WRITEs all completed give their source memory back; the last share of a
 // request hands it back to the service, with its times.
@@ -391,14 +399,19 @@ void FinishShares(Worker& w, PeerSlot& slot, Clock::time_point now) {
   }
 }
 // A leaving client goes once none of its WRITEs is in flight: its AV entries are removed only
-// then, so no fi_addr is reused while an operation can still complete on it.
+// then, so no fi_addr is reused while an operation can still complete on it; its slot (which
+// their completions name) lives until then.
 void Leave(Worker& w, PeerSlot& slot) {
   FinishShares(w, slot, Clock::now());
   if (slot.in_flight.load(std::memory_order_relaxed) > 0 || !slot.shares.empty()) return;
-  for (size_t l = 0; l < slot.dest.size(); ++l) {
+  // A client no WRITE ever reached may be a process gone before it was inserted; where the
+  // provider cannot remove such a peer (RemoveNeedsMappedPeer) its entries stay, one each.
+  const bool keep = slot.completions == 0 && RemoveNeedsMappedPeer(*w.lanes[0].info);
+  for (size_t l = 0; l < slot.dest.size() && !keep; ++l) {
     fi_addr_t dest = slot.dest[l];
     fi_av_remove(w.lanes[l].av.get(), &dest, 1, 0);
   }
+  slot.entries_kept = keep;
   std::erase(w.slots, &slot);
   w.next = 0;
   slot.cpu_at_leave = ThreadCpuSeconds();
@@ -461,8 +474,10 @@ void RunWorker(Worker& w) {
         w.inbox_ready.wait_for(lock, std::chrono::milliseconds(100),
                                [&] { return w.has_inbox.load() || w.stop.load(); });
       } else if (done == 0 && e.wait == WaitMode::kBlock && !w.has_inbox &&
-                 std::all_of(w.pending.begin(), w.pending.end(),
-                             [](const auto& queue) { return queue.empty(); })) {
+                 std::all_of(w.slots.begin(), w.slots.end(), [](const PeerSlot* s) {
+                   return std::all_of(s->pending.begin(), s->pending.end(),
+                                      [](const auto& queue) { return queue.empty(); });
+                 })) {
         WaitForCompletions(w.lanes, 100);  // nothing prepared waits to be posted
       } else if (done == 0 && Clock::now() - last_work > kStalled) {
         // Owed completions that stopped coming (a client that died: shm never completes a

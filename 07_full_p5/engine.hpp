@@ -147,6 +147,7 @@ FiInfoPtr DataLane(const fi_info& nic);
 // Whether the provider completes a lane's WRITEs strictly in order, so that one that never
 // completes (to a killed client) holds back every later one on that lane (main.cpp).
 bool CompletesInOrder(const fi_info& nic);
+bool RemoveNeedsMappedPeer(const fi_info& nic);
 // The entries of a receiving lane's CQ. Each WRITE carries immediate data, so it lands as one
 // completion there. Where the device receives such WRITEs unsolicited (efa-direct is offered
 // for RMA only then, since 07 asks no FI_RX_CQ_DATA: fi_efa(7), FI_OPT_EFA_USE_UNSOLICITED_
@@ -267,8 +268,6 @@ struct Worker {
   std::vector<size_t> pool_of;  // per lane of the thread: its group's pool
   HostBuffer staging;  // GPU memory: a share's pages are filled here, then copied in one go
   std::vector<std::vector<uint8_t>> writers;  // per lane: our endpoint's address
-  std::vector<std::deque<Op*>> pending;       // per lane: WRITEs prepared, not yet posted
-  std::vector<char> held_back;           // per lane: WRITEs posted with FI_MORE, no doorbell yet
   std::vector<std::vector<Op*>> riders;  // per lane: posted WRITEs that report no completion
   // The clients it serves, in turn from `next` (PostWrites), and the shares waiting for room
   // in its source memory, in order of arrival (PlaceShares).
@@ -318,12 +317,18 @@ struct PeerSlot {
   std::vector<fi_addr_t> dest;    // per lane used: the client's entry in that lane's AV
   std::vector<Op> ops;            // its window on these lanes (--shard)
   std::vector<Op*> free_ops;
+  // Per lane: its WRITEs prepared and not yet posted, and whether some went out with FI_MORE
+  // and no doorbell yet. A queue per client, so that posts refused for one (a peer whose
+  // connection is gone) never hold back another's.
+  std::vector<std::deque<Op*>> pending;
+  std::vector<char> held_back;
   std::list<std::unique_ptr<Share>> shares;
   bool leaving = false;    // no new WRITEs; it leaves once those in flight completed
   bool completed = false;  // a WRITE of its completed in this round's poll
   uint64_t writes = 0, bytes = 0;
   // What each rung does, counted, so that a switch that changed nothing shows (README.md).
   uint64_t most_prepared = 0, posts = 0, doorbells = 0, posted_in_poll = 0, completions = 0;
+  bool entries_kept = false;  // Leave: its AV entries stay (RemoveNeedsMappedPeer)
   // WRITEs of this client's taken from the window and not yet completed; shares of its
   // requests the thread holds unfinished; its last completion or new share (Peer::Poll).
   std::atomic<uint64_t> in_flight{0};
@@ -351,7 +356,7 @@ struct Peer : service::Session {
   std::string Describe() const override;
   std::string Dispatch(wire::Transfer transfer) override;
   Report Poll() override;
-  bool Stop(const std::function<void()>& meanwhile = {}) override;
+  Leaving Leave() override;
   std::string Totals() const override;
   void Fail(const std::string& why);
 
@@ -370,7 +375,8 @@ struct Peer : service::Session {
   // clients' traffic on the same NICs included): beside the bytes it wrote.
   std::unique_ptr<WireBytes> wire;
   uint64_t reservation = 0;  // its part of the engine's --server-memory
-  bool stopped = false, stuck = false;
+  std::optional<Clock::time_point> leaving_since;  // when Leave was first called
+  bool stuck = false;
 };
 // The cores this server was given (GivenCpus at its start) and those its pinned data threads
 // hold. Only the service thread touches it, and moves itself off the held cores while another

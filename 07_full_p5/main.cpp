@@ -144,6 +144,13 @@ FiInfoPtr DataLane(const fi_info& nic) {
 bool CompletesInOrder(const fi_info& nic) {
   return std::string(nic.fabric_attr->prov_name) == "shm" && fi_version() < FI_VERSION(1, 18);
 }
+// libfabric 1.x's shm maps a peer's region when it is inserted, and fi_av_remove unmaps it
+// without checking that it was mapped: removing a peer whose process had gone before it was
+// inserted (its region file unlinked) dereferences NULL (found: a CONNECT naming the lane of a
+// client that had just left; 2.6 checks, prov/shm/src/smr_av.c, smr_unmap_region).
+bool RemoveNeedsMappedPeer(const fi_info& nic) {
+  return std::string(nic.fabric_attr->prov_name) == "shm" && FI_MAJOR(fi_version()) < 2;
+}
 // Measured on the mini-cluster (README.md): over tcp, sleeping in the CQ's wait fd leaves
 // the CPUs to the kernel's TCP stack, which carries the data, and wins; shm has no wait fd,
 // and RDMA NICs are polled.

@@ -27,7 +27,7 @@ namespace {
 
 constexpr size_t kRecvDepth = 16;  // control messages the server keeps receives posted for
 constexpr size_t kSendDepth = 16;
-// Clients whose WRITEs never completed (Session::Stop: over shm, a WRITE to a killed client's
+// Clients whose WRITEs never completed (Session::Leave: over shm, a WRITE to a killed client's
 // endpoint) are never freed: past this many the server refuses new clients and says why,
 // rather than let them hold the engine's queues for good.
 constexpr size_t kMaxStuckSessions = 64;
@@ -38,8 +38,9 @@ using Mail = Mailbox<Endpoint, ControlOp>;
 struct Client {
   uint64_t number = 0;                      // clients in order of arrival, for messages
   fi_addr_t control = FI_ADDR_UNSPEC;       // where our answers go, in the control AV
-  std::vector<uint8_t> reply;               // that address
-  std::vector<std::vector<uint8_t>> lanes;  // its lane addresses: nobody else may claim them
+  std::vector<uint8_t> reply;               // that address, canonical (CanonicalAddress)
+  std::vector<std::vector<uint8_t>> lanes;  // its lane addresses, canonical: nobody else may
+                                            // claim them, in any spelling
   std::vector<wire::RemoteRegion> regions;  // per lane
   std::unique_ptr<Session> session;
   uint32_t session_token = 0;  // its messages carry it (docs/wire-protocol.md, "Tokens")
@@ -118,31 +119,45 @@ int Serve(const Options& options, const fi_info& control, WaitMode wait, Engine&
     std::printf("client %llu: refused: %s\n", static_cast<unsigned long long>(number), why.c_str());
     mail.Send(dest, wire::ErrorReply{request_id, why});
   };
-  // Closes a client's session (its threads stopped, its endpoints and memory freed) and
-  // forgets the client; its control address leaves our AV once our last message to it left.
+  // Forgets a client and starts its session's leave; its last line comes once the engine let
+  // it go (settle). Its control address leaves our AV once our last message to it left.
+  struct Departing {
+    uint64_t number = 0;
+    std::string how;
+    std::unique_ptr<Session> session;
+  };
+  std::vector<Departing> departing;
   auto close = [&](uint64_t number, const std::string& how) {
     auto it = clients.find(number);
     if (it == clients.end()) return;
     Client& c = it->second;
-    // While its threads stop, the control queue is still read: over shm 1.17 a peer that
-    // closes before its first message is read crashes us (docs/architecture.md), and a
-    // thread waiting on a dead client's lock makes Stop wait up to 3 s.
-    const bool stopped = c.session->Stop([&] { progress(); });
-    std::printf("client %llu %s: %s; control thread %.3f s since the server started\n",
-                static_cast<unsigned long long>(number), how.c_str(), c.session->Totals().c_str(),
-                ThreadCpuSeconds());
-    if (!stopped) {
-      std::printf("client %llu: WRITEs of its are still in the provider: its entry is kept\n",
-                  static_cast<unsigned long long>(number));
-      stuck.push_back(std::move(c.session));
-    }
+    c.session->Leave();
+    departing.push_back({number, how, std::move(c.session)});
     if (how.rfind("lost", 0) == 0) mail.Forget(c.control);
     by_source.erase(c.control);
     departed[c.control] = Clock::now();
     std::erase_if(waiting, [&](const auto& w) { return w.second.on == number; });
     clients.erase(it);
     ++served;
-    malloc_trim(0);  // what the session's endpoints and queues took goes back to the system
+  };
+  // Sessions whose leave ended: their last line, and freed, or kept for good when WRITEs of
+  // theirs never completed. Nothing waits here: the others are served meanwhile.
+  auto settle = [&] {
+    std::erase_if(departing, [&](Departing& d) {
+      const Session::Leaving state = d.session->Leave();
+      if (state == Session::Leaving::kUnderway) return false;
+      std::printf("client %llu %s: %s; control thread %.3f s since the server started\n",
+                  static_cast<unsigned long long>(d.number), d.how.c_str(),
+                  d.session->Totals().c_str(), ThreadCpuSeconds());
+      if (state == Session::Leaving::kStuck) {
+        std::printf("client %llu: WRITEs of its are still in the provider: its entry is kept\n",
+                    static_cast<unsigned long long>(d.number));
+        stuck.push_back(std::move(d.session));
+      }
+      d.session.reset();
+      malloc_trim(0);  // what the session's queues took goes back to the system
+      return true;
+    });
   };
 
   ControlNap nap;
@@ -185,6 +200,7 @@ int Serve(const Options& options, const fi_info& control, WaitMode wait, Engine&
               "done (" + std::to_string(c.open_requests) + " requests unfinished after its BYE)");
       }
     }
+    settle();
     // The engine: lines of its own, and whether it can go on.
     const Engine::Report engine_report = engine.Watch();
     for (const std::string& line : engine_report.lines) std::printf("engine: %s\n", line.c_str());
@@ -192,6 +208,7 @@ int Serve(const Options& options, const fi_info& control, WaitMode wait, Engine&
       std::printf("server: the engine cannot go on: %s; exiting\n", engine_report.fatal.c_str());
       std::fflush(stdout);
       for (auto& [number, c] : clients) c.session.release();  // its threads may still use them
+      for (auto& d : departing) d.session.release();
       for (auto& s : stuck) s.release();
       return kExitFailure;
     }
@@ -238,15 +255,21 @@ int Serve(const Options& options, const fi_info& control, WaitMode wait, Engine&
         std::printf("dropped a server's message from %s: a server never answers one\n",
                     c ? ("client " + std::to_string(c->number)).c_str() : "a stranger");
       } else if (auto* connect = std::get_if<wire::Connect>(&message)) {
-        const std::vector<uint8_t> reply =
+        const std::vector<uint8_t> given =
             connect->reply.empty() ? connect->lanes[0].address : connect->reply;
-        if (reply == own_address) {
+        // Peers are compared as the provider tells them apart: a second spelling of an
+        // address (shm's "1234:0:1" for "fi_shm://1234:0:1") is the same peer.
+        const uint32_t format = net.info->addr_format;
+        const std::vector<uint8_t> reply = CanonicalAddress(given, format);
+        std::vector<std::vector<uint8_t>> lanes;
+        for (const auto& lane : connect->lanes) lanes.push_back(CanonicalAddress(lane.address, format));
+        if (reply == CanonicalAddress(own_address, format)) {
           std::printf("dropped a CONNECT that names this server's own address\n");
           continue;
         }
         fi_addr_t id = FI_ADDR_UNSPEC;
         try {
-          id = departures.Insert(reply, [&](const auto& a) { return net.Insert(a); });
+          id = departures.Insert(given, [&](const auto& a) { return net.Insert(a); });
         } catch (const Error& e) {
           std::printf("dropped a CONNECT: %s\n", e.what());
           continue;
@@ -287,8 +310,8 @@ int Serve(const Options& options, const fi_info& control, WaitMode wait, Engine&
         for (const auto& [n, other] : clients) {
           impostor = impostor || other.reply == reply;
           for (size_t l = 0; l < other.lanes.size() && claim.empty(); ++l)
-            for (size_t k = 0; k < connect->lanes.size() && claim.empty(); ++k)
-              if (connect->lanes[k].address == other.lanes[l]) {
+            for (size_t k = 0; k < lanes.size() && claim.empty(); ++k)
+              if (lanes[k] == other.lanes[l]) {
                 claim = "lane " + std::to_string(k) + " is lane " + std::to_string(l) +
                         " of client " + std::to_string(n);
                 claimed = n;
@@ -346,10 +369,8 @@ int Serve(const Options& options, const fi_info& control, WaitMode wait, Engine&
         client.number = number;
         client.control = id;
         client.reply = reply;
-        for (const auto& lane : connect->lanes) {
-          client.lanes.push_back(lane.address);
-          client.regions.push_back(lane.region);
-        }
+        client.lanes = lanes;
+        for (const auto& lane : connect->lanes) client.regions.push_back(lane.region);
         client.session = std::move(session);
         client.session_token = wire::NewToken();
         client.connect_token = token;
@@ -393,6 +414,14 @@ int Serve(const Options& options, const fi_info& control, WaitMode wait, Engine&
     }
   }
   while (!clients.empty()) close(clients.begin()->first, "stopped");
+  // Every leave started at once: one patience for all. The control queue is still read: over
+  // shm 1.17 a peer that closes before its first message is read crashes us
+  // (docs/architecture.md).
+  while (!departing.empty()) {
+    progress();
+    settle();
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
   for (auto& s : stuck) s.release();  // a data thread still holds it; exit ends both
   std::printf("served %llu clients\n", static_cast<unsigned long long>(served));
   return kExitOk;

@@ -11,7 +11,6 @@
 #include <rdma/fabric.h>
 
 #include <chrono>
-#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -45,10 +44,12 @@ class Session {
     std::vector<std::string> stalls;
   };
   virtual Report Poll() = 0;
-  // Stops its threads, at most a few seconds, calling `meanwhile` every millisecond while it
-  // waits (the server's control loop keeps reading its queue); false when one is stuck inside
-  // the provider and cannot be stopped (the session must then never be freed).
-  virtual bool Stop(const std::function<void()>& meanwhile = {}) = 0;
+  // Leaves the engine: the first call starts it (its threads take no new WRITE for it; those
+  // in flight complete or fail, then its AV entries go) and returns at once; call it again
+  // until it says done, or stuck: a thread still holds WRITEs of its a few seconds on (they
+  // never complete), and the session must then never be freed.
+  enum class Leaving { kUnderway, kDone, kStuck };
+  virtual Leaving Leave() = 0;
   // The session's totals for the server's last line about it ("131104 WRITEs, ... bytes").
   virtual std::string Totals() const = 0;
 };

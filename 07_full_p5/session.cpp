@@ -158,7 +158,7 @@ size_t ThreadsFor(uint32_t asked, const Plan& plan, size_t lanes) {
 // </rung threads>
 
 // The engine's shape for what a client asks: the engine rungs it switches on.
-Shape ShapeFor(const wire::Engine& asked, const Plan& plan) {
+Shape ShapeFor(const wire::Engine& asked, [[maybe_unused]] const Plan& plan) {
   Shape shape;
   // <rung threads>
   shape.threads = ThreadsFor(asked.threads, plan, plan.lanes.size());
@@ -307,11 +307,11 @@ service::Session::Report Peer::Poll() {
 }
 // Leaves the engine: each thread that serves it takes no new WRITE for it, waits for those in
 // flight to complete (or fail), and only then removes its AV entries, so that no fi_addr is
-// reused while an operation can still complete on it. False when a thread has not let it go
+// reused while an operation can still complete on it. Stuck when a thread has not let it go
 // within a few seconds (its WRITEs never complete): the entry is then never freed.
-bool Peer::Stop(const std::function<void()>& meanwhile) {
-  if (!stopped) {
-    stopped = true;
+service::Session::Leaving Peer::Leave() {
+  if (!leaving_since) {
+    leaving_since = Clock::now();
     engine->reserved -= reservation;  // no new request of its can take source memory
     reservation = 0;
     for (auto& slot : slots) {
@@ -324,24 +324,17 @@ bool Peer::Stop(const std::function<void()>& meanwhile) {
       w.inbox_ready.notify_all();
     }
   }
+  if (std::all_of(slots.begin(), slots.end(), [](const auto& s) {
+        return s->left.load(std::memory_order_acquire) || s->worker->exited;
+      }))
+    return Leaving::kDone;
   // A thread's loop takes <= 100 ms; a thread waiting on a dead client's lock is let go within
   // the patience of common/shm_lock.cpp.
-  const auto deadline =
-      Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                         std::chrono::duration<double>(std::max(2.0, kShmLockPatienceSeconds + 1)));
-  auto all_left = [&] {
-    return std::all_of(slots.begin(), slots.end(), [](const auto& s) {
-      return s->left.load(std::memory_order_acquire) || s->worker->exited;
-    });
-  };
-  while (!all_left() && Clock::now() < deadline) {
-    if (meanwhile) meanwhile();
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  if (all_left()) return true;
+  const auto patience = std::chrono::duration<double>(std::max(2.0, kShmLockPatienceSeconds + 1));
+  if (Clock::now() - *leaving_since < patience) return Leaving::kUnderway;
   if (!stuck) ++engine->stuck_leaves;
   stuck = true;
-  return false;
+  return Leaving::kStuck;
 }
 // The totals, and what each rung did for this client, as its threads counted it.
 std::string Peer::Totals() const {
@@ -385,6 +378,11 @@ std::string Peer::Totals() const {
   std::snprintf(cpu_text, sizeof(cpu_text), "; CPU: data threads %.3f s while it was connected",
                 cpu);
   text += cpu_text;
+  if (std::any_of(slots.begin(), slots.end(), [](const auto& s) {
+        return s->left.load(std::memory_order_acquire) && s->entries_kept;
+      }))
+    text += "; its entries stay in the lanes' AVs: no WRITE reached it, and libfabric 1.x's shm "
+            "cannot remove a peer it never reached";
   if (still > 0)  // a thread that has not let it go has not said what it did
     text += " (and " + std::to_string(still) + " thread" + (still == 1 ? "" : "s") +
             " still holding WRITEs of its in the provider)";
@@ -558,6 +556,8 @@ std::unique_ptr<service::Session> Engine::Open(const wire::Connect& connect) {
     slot->peer = p.get();
     slot->worker = w.get();
     slot->lanes_used = std::min(w->lane_count, used - w->first_lane);
+    slot->pending.resize(w->lane_count);
+    slot->held_back.assign(w->lane_count, 0);
     // <rung shard>
     if (shape.shard) {  // its window on this thread's lanes, the thread's alone
       slot->ops.resize(settings.window * slot->lanes_used);
@@ -592,7 +592,11 @@ std::unique_ptr<service::Session> Engine::Open(const wire::Connect& connect) {
   }
   if (why.empty() && !joined()) why = "the data threads did not take it within 10 s";
   if (!why.empty()) {
-    if (!p->Stop()) (void)p.release();  // a thread still holds it: never freed
+    using Leaving = service::Session::Leaving;
+    Leaving state;  // it has no WRITE yet: its threads let it go within a round
+    while ((state = p->Leave()) == Leaving::kUnderway)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    if (state == Leaving::kStuck) (void)p.release();  // a thread still holds it: never freed
     throw Error(why);
   }
   reserved += asked_memory;

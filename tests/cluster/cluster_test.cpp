@@ -14,6 +14,8 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "process.hpp"
 
@@ -252,6 +254,93 @@ TEST(Cluster, ClientAndServerKilledMidTransfer) {
     EXPECT_NE(orphan.err.find("07_full_p5: error: "), std::string::npos) << orphan.err;
     EXPECT_EQ(orphan.err.find("signal"), std::string::npos) << orphan.err;
     EXPECT_EQ(orphan.err.find("Backtrace"), std::string::npos) << orphan.err;
+  }
+}
+
+// One engine, many peers, across the namespaces: one long transfer runs while other clients
+// join, finish and get killed around it. Every page of every client that ran to its end is
+// verified, and the long one's rate in each second (its progress lines) never falls below its
+// fair share minus 10%: what it got alone, over the clients the test had running then.
+struct Interval {
+  double end_s, gbps;
+};
+std::vector<Interval> RatesEachSecond(const std::string& out) {
+  std::vector<Interval> rates;
+  for (size_t at = out.find("progress: "); at != std::string::npos;
+       at = out.find("progress: ", at + 1)) {
+    const std::string line = out.substr(at, out.find('\n', at) - at);
+    const size_t last = line.find("; last ");
+    if (last == std::string::npos) continue;
+    rates.push_back({std::stod(line.substr(10)), DecimalAfter(line.substr(last), ": ")});
+  }
+  return rates;
+}
+TEST(Cluster, ClientsComeAndGoAroundALongTransfer) {
+  MiniCluster mc(2, 200);  // the links, not 2 busy cores, set the rate
+  ASSERT_TRUE(mc.ok()) << mc.log();
+  TempDir dir;
+  const std::string address_file = dir.path() + "/addr";
+  Process server(mc.On("A", {StageBinary("07_full_p5"), "-p", "tcp", "--memory", "host", "--nics",
+                             "2", "--peer-timeout", "3", "--address-file", address_file}));
+  const std::string address = WaitForLine(address_file, 20s);
+  ASSERT_FALSE(address.empty()) << server.Output();
+  auto client = [&](const char* repeat, const char* seed) {
+    return mc.On("B", {StageBinary("07_full_p5"), "-p", "tcp", address, "--memory", "host",
+                       "--nics", "2", "-S", "64k", "--pages", "512", "--requests", "4",
+                       "--repeat", repeat, "--seed", seed, "--timeout", "10",
+                       "--progress-every", "1", "--json"});
+  };
+  using Clock = std::chrono::steady_clock;
+  const auto t0 = Clock::now();
+  const auto now_s = [&] { return std::chrono::duration<double>(Clock::now() - t0).count(); };
+  // When the test had each other client running: [from, to) on its own clock.
+  std::vector<std::pair<double, double>> others;
+  Process long_one(client("8", "1"));  // 1 GiB: about 21 s alone at 2 x 200 Mbit/s
+  ASSERT_TRUE(WaitForOutput(long_one, "progress: ", 30s)) << long_one.Errors() << server.Output();
+  const double long_from = now_s();
+  std::this_thread::sleep_for(4s);  // alone
+  double from = now_s();
+  Process joins(client("1", "2"));  // joins and finishes
+  std::this_thread::sleep_for(3s);
+  const double killed_from = now_s();
+  {
+    Process victim(client("4", "3"));  // joins and is killed
+    std::this_thread::sleep_for(4s);
+    victim.Signal(SIGKILL);
+    EXPECT_NE(victim.Wait(10s).exit_code, 0);
+  }
+  others.push_back({killed_from, now_s() + 1});
+  Result joined = joins.Wait(60s);
+  others.push_back({from, now_s()});
+  EXPECT_EQ(joined.exit_code, 0) << joined.out << joined.err;
+  EXPECT_EQ(NumberAfter(joined.out, "\"verified_bytes\":"), 512LL * 65536 * 4) << joined.out;
+  from = now_s();
+  Result late = RunToEnd(client("1", "4"), 60s);  // joins late and finishes
+  others.push_back({from, now_s()});
+  EXPECT_EQ(late.exit_code, 0) << late.out << late.err;
+  EXPECT_EQ(NumberAfter(late.out, "\"verified_bytes\":"), 512LL * 65536 * 4) << late.out;
+
+  Result r = long_one.Wait(120s);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err << server.Output();
+  EXPECT_EQ(NumberAfter(r.out, "\"verified_bytes\":"), 512LL * 65536 * 4) << r.out;
+  EXPECT_TRUE(WaitForOutput(server, "client 3 lost: ", 20s)) << server.Output();
+  // The long client's clock starts about when its first progress line's second began.
+  const std::vector<Interval> rates = RatesEachSecond(r.out);
+  ASSERT_GE(rates.size(), 10u) << r.out;
+  const double offset = long_from - rates.front().end_s;
+  std::vector<double> alone;
+  for (const Interval& i : rates)
+    if (i.end_s + offset < long_from + 4 - 0.5) alone.push_back(i.gbps);
+  ASSERT_FALSE(alone.empty()) << r.out;
+  std::sort(alone.begin(), alone.end());
+  const double full = alone[alone.size() / 2];
+  for (size_t k = 0; k + 1 < rates.size(); ++k) {  // the last second may end the transfer
+    const double end = rates[k].end_s + offset, begin = end - 1;
+    int running = 1;  // the long one, and whoever ran at any time in this second, give or take
+    for (const auto& [a, b] : others) running += a - 1 < end && b + 1 > begin;
+    EXPECT_GE(rates[k].gbps, full / running * 0.9)
+        << "second ending at " << end << " s: " << running << " clients running, alone "
+        << full << " Gbps\n" << r.out;
   }
 }
 

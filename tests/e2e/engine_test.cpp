@@ -320,7 +320,8 @@ TEST_P(Engine, StalledWritesAreToldOnce) {
   ASSERT_FALSE(server.address().empty());
   Process paused =
       StartClient(server.address(), {"--memory", "host", "--nics", "2", "-S", "64k", "--pages",
-                                     "256", "--repeat", "200", "--timeout", "60"});
+                                     "256", "--repeat", "200", "--timeout", "60",
+                                     "--progress-every", "0.5"});  // 2.5 s in all, idle
   ASSERT_TRUE(WaitForOutput(paused, "progress:", 60s)) << paused.Output() << "--- the server:\n"
                                                        << server.process().Output();
   paused.Signal(SIGSTOP);
@@ -478,7 +479,7 @@ TEST_P(CoreTaken, APinnedThreadIsMovedOffACoreSomethingElseTook) {
     if (cpu < 0) std::this_thread::sleep_for(5ms);
   }
   ASSERT_GE(cpu, 0) << "no pinned thread" << client.Output() << server.process().Output();
-  const std::string who = std::string(server_side ? "client 1: thread 0" : "receiving thread 0") +
+  const std::string who = std::string(server_side ? "engine: thread 0" : "receiving thread 0") +
                           ": kept off its core (cpu " + std::to_string(cpu) + "): it ran ";
   bool told = false;
   const std::string refused =
@@ -508,10 +509,8 @@ TEST_P(CoreTaken, APinnedThreadIsMovedOffACoreSomethingElseTook) {
   EXPECT_EQ(NumberAfter(r.out, "verified "), 256LL * 65536 * 4);  // 4 requests
   Result done = server.Wait();
   EXPECT_EQ(done.exit_code, 0) << done.err;
-  // The server's data thread moved off its core once: the session line counts it.
-  if (server_side) {
-    EXPECT_GE(NumberAfter(done.out, "posted from the CQ poll, "), 1) << done.out;
-  }
+  // (The server's thread is the engine's, pinned before any client came: it may have been
+  // moved before this one connected, so the client's line need not count the move.)
 }
 INSTANTIATE_TEST_SUITE_P(Threads, CoreTaken, ::testing::Values("server", "client"));
 

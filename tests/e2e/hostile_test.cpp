@@ -532,10 +532,28 @@ TEST_P(HostileService, ForgedMessagesToAClient) {
   server.Stop();
 }
 
+void ClaimALane(const std::string& provider_name, const std::string& spelling);
+
 // 17. A CONNECT that claims a connected client's lane: answered, it would have the server write
 // into that client's region with its keys. It is not answered while the client's session
 // lasts (a tcp port is only reused once its owner is gone), and the client verifies every byte.
 TEST_P(HostileService, ConnectClaimingAClientsLaneWaits) {
+  ClaimALane(provider(), "same");
+}
+
+// The same claim in the other spellings the provider takes for the victim's lane: the server
+// compares canonical addresses (common::CanonicalAddress), so each waits as the first did.
+TEST(HostileSpelling, ClaimInAnotherSpellingWaits) {
+  for (const char* how : {"bare", "tail"}) {  // ("fi_ns://": the same code path as bare)
+    SCOPED_TRACE(std::string("shm, ") + how);
+    ClaimALane("shm", how);
+  }
+  SCOPED_TRACE("tcp, tail");
+  ClaimALane("tcp", "tail");
+}
+
+void ClaimALane(const std::string& provider_name, const std::string& spelling) {
+  auto provider = [&] { return provider_name; };
   Attacked server("07_full_p5", provider());
   ASSERT_FALSE(server.address().empty());
   bool whole_attack = false, tried_again = false;
@@ -569,8 +587,8 @@ TEST_P(HostileService, ConnectClaimingAClientsLaneWaits) {
     const size_t before = server.process().Output().size();
     std::vector<std::string> attack = {HostilePeer()};
     for (auto& a : ProviderArgs(provider())) attack.push_back(a);
-    attack.insert(attack.end(),
-                  {server.address(), "claim-lane", "--victim", lanes, "--seconds", "3"});
+    attack.insert(attack.end(), {server.address(), "claim-lane", "--victim", lanes, "--seconds",
+                                 "3", "--spelling", spelling});
     Result claimer = RunToEnd(attack, 60s);
     EXPECT_EQ(claimer.exit_code, 0) << claimer.out << claimer.err;
     const std::string during = server.process().Output().substr(before);

@@ -12,6 +12,8 @@
 #include <CLI/CLI.hpp>
 
 #include <rdma/fabric.h>
+#include <netinet/in.h>
+#include <cstddef>
 #include <rdma/fi_cm.h>
 #include <rdma/fi_domain.h>
 #include <rdma/fi_endpoint.h>
@@ -318,6 +320,32 @@ std::vector<std::pair<std::string, std::vector<uint8_t>>> Malformed(const Peer& 
   _exit(rc);
 }
 
+// Another way of writing the same address, which the provider takes for the same peer.
+std::vector<uint8_t> Respell(std::vector<uint8_t> address, const std::string& how,
+                             const fi_info& info) {
+  if (how == "same") return address;
+  const bool text = info.addr_format == FI_ADDR_STR;
+  std::string name = text ? std::string(reinterpret_cast<const char*>(address.data())) : "";
+  const std::string bare = name.substr(name.find("://") == std::string::npos ? 0 : name.find("://") + 3);
+  auto bytes = [](const std::string& s) {
+    std::vector<uint8_t> b(s.begin(), s.end());
+    b.push_back(0);
+    return b;
+  };
+  if (text && how == "bare") return bytes(bare);
+  if (text && how == "scheme") return bytes("fi_ns://" + bare);
+  if (text && how == "tail") {
+    address.insert(address.end(), {'x', 0});
+    return address;
+  }
+  if (!text && how == "tail" && address.size() == sizeof(sockaddr_in)) {
+    std::fill(address.begin() + offsetof(sockaddr_in, sin_zero), address.end(), 0x5a);
+    return address;
+  }
+  throw UsageError("--spelling " + how + " does not apply to " + info.fabric_attr->prov_name +
+                   " addresses");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -327,6 +355,7 @@ int main(int argc, char** argv) {
   double seconds = 10;
   double hold = 2;
   std::string victim;
+  std::string spelling = "same";
   CLI::App app{"A misbehaving client for the tests (see the header of hostile_peer.cpp)",
                "hostile_peer"};
   AddOptions(app, options, kServeOptions);
@@ -338,6 +367,9 @@ int main(int argc, char** argv) {
   app.add_option("--hold", hold, "flood: seconds its clients stay after the answers");
   app.add_option("--victim", victim,
                  "stranger-write, forge-client, claim-lane: a file with the victim's addresses");
+  app.add_option("--spelling", spelling,
+                 "claim-lane: how the victim's lane is written: same, bare (shm: no fi_shm://), "
+                 "scheme (shm: fi_ns://), tail (shm: bytes after the NUL; tcp: sin_zero set)");
   if (int rc = ParseCommandLine(app, argc, argv); rc >= 0) return rc;
   return RunProgram("hostile_peer", [&]() -> int {
     setvbuf(stdout, nullptr, _IOLBF, 0);
@@ -639,7 +671,7 @@ int main(int argc, char** argv) {
       // write into the victim's region with the victim's keys.
       auto addresses = ReadAddressList(victim);
       auto p = Open(options, server, true);
-      wire::Connect c = ConnectOf(*p, 1 << 20, addresses[0]);
+      wire::Connect c = ConnectOf(*p, 1 << 20, Respell(addresses[0], spelling, *p->info));
       c.reply = p->Address();
       common::ConnectRepeat again;
       uint64_t sent = 0;
