@@ -275,7 +275,7 @@ void Flush(Worker& w, PeerSlot& slot, size_t lane, bool in_poll) {
 }
 // Posts every eager (lazy == false) or every lazy client's prepared WRITEs on a lane, each
 // client in turn from the thread's next one.
-void FlushLane(Worker& w, size_t lane, bool lazy, bool in_poll) {
+void FlushLane(Worker& w, size_t lane, [[maybe_unused]] bool lazy, bool in_poll) {
   const size_t n = w.slots.size();
   for (size_t k = 0; k < n; ++k) {
     PeerSlot& slot = *w.slots[(w.next + k) % n];

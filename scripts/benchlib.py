@@ -61,52 +61,18 @@ def aggregate_gbps(records):
     return 8 * sum(r["bytes"] for r in records) / (end - begin) / 1e9
 
 
-def progress_points(text):
-    """(seconds, bytes) of each progress line of a 07 client ("progress: 1.0 s, ..., 12.5 MB,")."""
-    points = []
-    for line in text.splitlines():
-        if not line.startswith("progress: "):
-            continue
-        fields = line[len("progress: "):].split(", ")
-        try:
-            seconds = float(fields[0].split()[0])
-            mb = next(float(f.split()[0]) for f in fields if f.endswith(" MB"))
-        except (ValueError, IndexError, StopIteration):
-            continue
-        points.append((seconds, mb * 1e6))
-    return points
+def own_rates(records):
+    """Each client's Gbps over its own run (its bytes over its seconds, from its first request
+    to its last WRITE landed)."""
+    return [8 * r["bytes"] / r["seconds"] / 1e9 if r.get("seconds") else None for r in records]
 
 
-def bytes_at(points, t):
-    """Bytes a client had received at t seconds into its run, linear between its points."""
-    before = (0.0, 0.0)
-    for point in points:
-        if point[0] >= t:
-            span = point[0] - before[0]
-            share = (t - before[0]) / span if span > 0 else 1.0
-            return before[1] + share * (point[1] - before[1])
-        before = point
-    return before[1]
-
-
-def window_rates(clients, shortest=0.5):
-    """Each client's Gbps over the window in which all of them ran, and the window (begin,
-    end) in Unix seconds. A client: {"started_at", "ended_at", "bytes", "points"}, its points
-    (seconds into its run, bytes) from its progress lines. ([], None) when they never all ran
-    together for `shortest` seconds."""
-    if not clients:
-        return [], None
-    begin = max(c["started_at"] for c in clients)
-    end = min(c["ended_at"] for c in clients)
-    if end - begin < shortest:
-        return [], None
-    rates = []
-    for c in clients:
-        points = c["points"] + [(c["ended_at"] - c["started_at"], c["bytes"])]
-        moved = (bytes_at(points, end - c["started_at"]) -
-                 bytes_at(points, begin - c["started_at"]))
-        rates.append(8 * moved / (end - begin) / 1e9)
-    return rates, (begin, end)
+def start_skew(records):
+    """Seconds from the first client's start to the last one's (None without started_at)."""
+    starts = [r.get("started_at") for r in records]
+    if not starts or None in starts:
+        return None
+    return max(starts) - min(starts)
 
 
 def verdict(value, target, higher_is_better=True):

@@ -329,12 +329,14 @@ TEST(Cluster, ClientsComeAndGoAroundALongTransfer) {
   ASSERT_GE(rates.size(), 10u) << r.out;
   const double offset = long_from - rates.front().end_s;
   std::vector<double> alone;
-  for (const Interval& i : rates)
-    if (i.end_s + offset < long_from + 4 - 0.5) alone.push_back(i.gbps);
+  for (size_t k = 1; k < rates.size(); ++k)  // after the first line's start (below)
+    if (rates[k].end_s + offset < long_from + 4 - 0.5) alone.push_back(rates[k].gbps);
   ASSERT_FALSE(alone.empty()) << r.out;
   std::sort(alone.begin(), alone.end());
   const double full = alone[alone.size() / 2];
-  for (size_t k = 0; k + 1 < rates.size(); ++k) {  // the last second may end the transfer
+  // The first line's interval holds the start (CONNECT, the server filling its first pages:
+  // 0.317 Gbps against 0.397 alone on a loaded CI host); the last may end the transfer.
+  for (size_t k = 1; k + 1 < rates.size(); ++k) {
     const double end = rates[k].end_s + offset, begin = end - 1;
     int running = 1;  // the long one, and whoever ran at any time in this second, give or take
     for (const auto& [a, b] : others) running += a - 1 < end && b + 1 > begin;

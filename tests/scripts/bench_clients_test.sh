@@ -12,14 +12,15 @@ echo "$out"
 num='[0-9]+\.[0-9]+'
 for k in 1 2; do
   row=$(grep "^| $k | " <<<"$out") || fail "no row for $k client(s)"
-  # aggregate, range, ratio, Jain's index, lowest share, window, span's aggregate, 0 failed
-  [[ "$row" =~ ^\|\ $k\ \|\ $num\ \|\ $num-$num\ \|\ $num\ \|\ $num\ \|\ $num\ \|\ $num\ \|\ $num\ \|\ 0\ \|\ [0-9]+\ \| ]] ||
+  # aggregate, range, ratio, Jain's index, lowest share, start skew, 0 failed, threads
+  [[ "$row" =~ ^\|\ $k\ \|\ $num\ \|\ $num-$num\ \|\ $num\ \|\ $num\ \|\ $num\ \|\ $num\ \|\ 0\ \|\ [0-9]+\ \| ]] ||
     fail "row for $k: $row"
 done
 grep -q "failed clients: 0; server threads the same for every K" <<<"$out" || fail "verdict line"
 [ "$(wc -l <"$dir/r/bench-clients.csv")" -eq 3 ] || fail "CSV: $(cat "$dir/r/bench-clients.csv")"
 python3 -c "import json,sys; r=json.load(open(sys.argv[1])); assert len(r) == 2 and all(x['records'] for x in r)" \
   "$dir/r/runs.json" || fail "runs.json"
+[ "$(ls "$dir/r/logs" | wc -l)" -ge 3 ] || fail "clients' logs: $(ls "$dir/r/logs")"
 for bad in "--clients 0" "--clients x" "--total 4q" "--runs 0" "--nics 65" "--seconds 0.1"; do
   # shellcheck disable=SC2086 # two words: the option and its value
   err=$(BUILD_DIR=$build "$root/scripts/bench-clients" $bad --out "$dir/bad" 2>&1); rc=$?

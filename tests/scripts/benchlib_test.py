@@ -47,35 +47,21 @@ class Statistics(unittest.TestCase):
 
 
 
-class Window(unittest.TestCase):
-    TEXT = ("progress: 1.0 s, 10.0% done, 5 ops, 100.0 MB, 0.800 Gbps, 0.0 Mpps; last 1.0 s: 0.800 Gbps\n"
-            "progress: 2.0 s, 30.0% done, 15 ops, 300.0 MB, 1.200 Gbps, 0.0 Mpps\n"
-            "progress: broken\n")
+class Clients(unittest.TestCase):
+    def test_own_rates(self):
+        records = [{"bytes": 1e9, "seconds": 2.0}, {"bytes": 5e8, "seconds": 0.5}, {"bytes": 1}]
+        self.assertEqual(benchlib.own_rates(records), [4.0, 8.0, None])
 
-    def test_progress_points(self):
-        self.assertEqual(benchlib.progress_points(self.TEXT), [(1.0, 100e6), (2.0, 300e6)])
+    def test_aggregate_over_the_span(self):
+        records = [{"bytes": 1e9, "started_at": 100.0, "ended_at": 102.0},
+                   {"bytes": 1e9, "started_at": 101.0, "ended_at": 104.0}]
+        self.assertAlmostEqual(benchlib.aggregate_gbps(records), 16 / 4)
+        self.assertIsNone(benchlib.aggregate_gbps([{"bytes": 1, "started_at": 1.0}]))
 
-    def test_bytes_at_interpolates(self):
-        points = [(1.0, 100.0), (2.0, 300.0)]
-        self.assertAlmostEqual(benchlib.bytes_at(points, 0.5), 50.0)
-        self.assertAlmostEqual(benchlib.bytes_at(points, 1.5), 200.0)
-        self.assertAlmostEqual(benchlib.bytes_at(points, 9.0), 300.0)
-
-    def test_window_is_where_all_ran(self):
-        # a: 100 MB/s from t=100 for 4 s; b: 50 MB/s from t=101 for 4 s. Together: 101..104.
-        a = {"started_at": 100.0, "ended_at": 104.0, "bytes": 400e6,
-             "points": [(1.0, 100e6), (2.0, 200e6), (3.0, 300e6)]}
-        b = {"started_at": 101.0, "ended_at": 105.0, "bytes": 200e6,
-             "points": [(1.0, 50e6), (2.0, 100e6), (3.0, 150e6)]}
-        rates, window = benchlib.window_rates([a, b])
-        self.assertEqual(window, (101.0, 104.0))
-        self.assertAlmostEqual(rates[0], 0.8)
-        self.assertAlmostEqual(rates[1], 0.4)
-
-    def test_no_window_when_they_never_overlap(self):
-        a = {"started_at": 0.0, "ended_at": 1.0, "bytes": 1, "points": []}
-        b = {"started_at": 2.0, "ended_at": 3.0, "bytes": 1, "points": []}
-        self.assertEqual(benchlib.window_rates([a, b]), ([], None))
+    def test_start_skew(self):
+        records = [{"started_at": 100.5}, {"started_at": 100.0}, {"started_at": 100.25}]
+        self.assertAlmostEqual(benchlib.start_skew(records), 0.5)
+        self.assertIsNone(benchlib.start_skew([{"bytes": 1}]))
 
 
 if __name__ == "__main__":
