@@ -86,7 +86,7 @@ struct Receiver {
   // How often it went round, and whether it is inside the provider's fi_cq_read now: one call
   // can last seconds while data flows (shm 2.x drains its command queue in one progress call,
   // as long as the writer keeps it from emptying), and the main thread must not take that for
-  // silence (README.md, "When a client waits").
+  // silence (docs/failure-modes.md, "When a client waits").
   std::atomic<uint64_t> rounds{0};
   std::atomic<bool> reading{false};
   std::atomic<pid_t> tid{0};
@@ -366,8 +366,9 @@ Summary RunSession(const Options& options, std::span<const uint8_t> peer, wire::
     Abandon(kProgram, "a control message failed: " + error.text);
   };
   // Names the lanes still owed WRITEs, and the one whose WRITEs stopped landing first: a NIC
-  // that failed for good (README.md, "When a NIC fails"). The others stall after it, once
-  // its WRITEs hold the whole window; the session ends with that, not a wait without end.
+  // that failed for good (docs/failure-modes.md, "When a NIC fails"). The others stall after
+  // it, once its WRITEs hold the whole window; the session ends with that, not a wait without
+  // end.
   std::vector<uint64_t> lane_seen(lanes.size(), 0);
   std::vector<Clock::time_point> lane_moved(lanes.size(), Clock::now());
   auto watch_lanes = [&] {

@@ -62,7 +62,8 @@ inline constexpr auto kStallTold = std::chrono::seconds(5);
 // service thread, the client's main thread): one kept off its core over the last second
 // (common::KeptOffCore: ran under 10% of it, and queued or runnable all along) is moved to the
 // other given cores, once, for the rest of its session: let back onto its core a second
-// later, it was queued there again behind the same task (README.md, "A core that is taken").
+// later, it was queued there again behind the same task (docs/failure-modes.md, "A core that
+// is taken").
 class CoreWatch {
  public:
   // The line to print when it moved thread `tid` off `cpu` ("" otherwise); call it often.

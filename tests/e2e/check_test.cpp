@@ -44,7 +44,7 @@ TEST(Check, EveryCheckHasItsLine) {
         "GPU memory in libfabric", "efa RDMA WRITE"})
     EXPECT_NE(r.out.find(std::string("  ") + name + ": "), std::string::npos) << name << "\n"
                                                                               << r.out;
-  // shm's lane: in the first GPU's group where there is a GPU (the lent H200), else the host's.
+  // shm's lane: in the first GPU's group where there is a GPU (an H200 host), else the host's.
   EXPECT_NE(r.out.find(common::CudaDeviceCount() > 0 ? "NICs per GPU: cuda:0: "
                                                      : "NICs per GPU: host NUMA"),
             std::string::npos)

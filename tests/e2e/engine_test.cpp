@@ -126,9 +126,10 @@ TEST_P(Engine, ReportsCpuTimeByThreadRole) {
 }
 
 // Where the provider would complete a WRITE before the client has it (shm from libfabric 1.18:
-// README.md, "WRITEs complete once delivered"), the server asks for delivery completion, and
-// for one completion per doorbell's group of 4 KiB WRITEs, and says so; elsewhere it keeps the
-// provider's default, a completion per WRITE, and says nothing. Either way every page arrives.
+// docs/2026-12-04-07-measured.md, "WRITEs complete once delivered"), the server asks for
+// delivery completion, and for one completion per doorbell's group of 4 KiB WRITEs, and says
+// so; elsewhere it keeps the provider's default, a completion per WRITE, and says nothing.
+// Either way every page arrives.
 TEST_P(Engine, WritesCompleteOnDeliveryWhereShmWouldCompleteThemAtOnce) {
   StageServer server(kStage, provider(), 1, {"--memory", "host", "--nics", "2"});
   ASSERT_FALSE(server.address().empty());

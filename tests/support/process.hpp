@@ -81,7 +81,7 @@ long long NumberAfter(const std::string& text, const std::string& key);
 double DecimalAfter(const std::string& text, const std::string& key);
 
 // The line of a 07 log that says a data thread was held while its client lived: the server's
-// stall line (07_full_p5/README.md, "When WRITEs stop completing") when the thread did not go
+// stall line (docs/failure-modes.md, "When WRITEs stop completing") when the thread did not go
 // round its loop, or had a share to write and nothing in flight; or a server's or client's
 // line that a thread was kept off its core and moved ("A core that is taken"). "" when the
 // log has none. Held 3-20 s now and then on a loaded host (both libfabrics; never on demand):
