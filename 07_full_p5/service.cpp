@@ -354,6 +354,13 @@ int Serve(const Options& options, const fi_info& control, WaitMode wait, Engine&
           departed[id] = Clock::now();
           continue;
         }
+        // The client before it may still be leaving (its threads let it go within a round):
+        // only once it is gone may the engine be rebuilt for this one (--ladder's next rung).
+        for (const auto until = Clock::now() + std::chrono::milliseconds(50);
+             clients.empty() && !departing.empty() && Clock::now() < until;) {
+          settle();
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
         const auto opening = Clock::now();
         std::unique_ptr<Session> session;
         try {

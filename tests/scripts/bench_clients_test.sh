@@ -21,7 +21,15 @@ grep -q "failed clients: 0; server threads the same for every K" <<<"$out" || fa
 python3 -c "import json,sys; r=json.load(open(sys.argv[1])); assert len(r) == 2 and all(x['records'] for x in r)" \
   "$dir/r/runs.json" || fail "runs.json"
 [ "$(ls "$dir/r/logs" | wc -l)" -ge 3 ] || fail "clients' logs: $(ls "$dir/r/logs")"
-for bad in "--clients 0" "--clients x" "--total 4q" "--runs 0" "--nics 65" "--seconds 0.1"; do
+# The plot again from the CSV alone: drawn where gnuplot is, said where it is not.
+drawn=$("$root/scripts/bench-clients" --draw "$dir/r" 2>&1) || fail "--draw exited $?: $drawn"
+if command -v gnuplot >/dev/null; then
+  grep -q "<svg" "$dir/r/bench-clients.svg" || fail "--draw: no plot: $drawn"
+else
+  grep -q "no plot: gnuplot is not installed" <<<"$drawn" || fail "--draw: $drawn"
+fi
+for bad in "--clients 0" "--clients x" "--total 4q" "--runs 0" "--nics 65" "--seconds 0.1" \
+  "--draw $dir/none"; do
   # shellcheck disable=SC2086 # two words: the option and its value
   err=$(BUILD_DIR=$build "$root/scripts/bench-clients" $bad --out "$dir/bad" 2>&1); rc=$?
   value=${bad#* }
