@@ -554,54 +554,66 @@ TEST(HostileSpelling, ClaimInAnotherSpellingWaits) {
 
 void ClaimALane(const std::string& provider_name, const std::string& spelling) {
   auto provider = [&] { return provider_name; };
-  Attacked server("07_full_p5", provider());
-  ASSERT_FALSE(server.address().empty());
+  // Pinning is not what this tests: on 2 busy cores a pinned data thread may be held off its
+  // core long enough to starve the victim. Both sides ask for none (a client asks the engine
+  // for its shape).
+  auto start = [&] {
+    return std::make_unique<Attacked>("07_full_p5", provider(),
+                                      std::vector<std::string>{"--no-pin"});
+  };
+  std::unique_ptr<Attacked> attacked = start();
+  ASSERT_FALSE(attacked->address().empty());
   bool whole_attack = false, tried_again = false;
-  const int repeats[] = {200, 800, 3200};  // until the victim outlives the attack
+  const int repeats[] = {800, 3200, 12800};  // until the victim outlives the attack (3 s)
   for (size_t round = 0; round < std::size(repeats); ++round) {
     const int repeat = repeats[round];
     TempDir dir;
     const std::string lanes = dir.path() + "/lanes";
     std::vector<std::string> argv = {StageBinary("07_full_p5")};
     for (auto& a : ProviderArgs(provider())) argv.push_back(a);
-    argv.push_back(server.address());
+    argv.push_back(attacked->address());
     for (auto& a : std::vector<std::string>{"--memory", "host", "-S", "64k", "--pages", "256",
                                             "--requests", "1", "--repeat", std::to_string(repeat),
-                                            "--address-file", lanes, "--json"})
+                                            "--address-file", lanes, "--json", "--no-pin"})
       argv.push_back(a);
-    const size_t earlier = server.process().Output().size();  // the last round's lines
+    const size_t earlier = attacked->process().Output().size();  // the last round's lines
     Process victim(argv);
     ASSERT_FALSE(WaitForLine(lanes, 20s).empty());
     // The claim comes once the victim is in: one that came first would take its lane.
     for (const auto end = Clock::now() + 30s;
-         server.process().Output().find(" connected: ", earlier) == std::string::npos;) {
+         attacked->process().Output().find(" connected: ", earlier) == std::string::npos;) {
       // Once (2.6, shm, CI): every CONNECT refused, the victim's lane gone from /dev/shm.
       ASSERT_LT(Clock::now(), end)
           << "the victim (pid " << victim.pid()
           << ") never connected; in /dev/shm now: " << ShmFilesOf(victim.pid())
           << "; its lanes: " << ReadFile(lanes) << "\n--- the victim:\n"
           << victim.Output() << victim.Errors() << "--- the server, this round:\n"
-          << server.process().Output().substr(earlier);
+          << attacked->process().Output().substr(earlier);
       std::this_thread::sleep_for(20ms);
     }
-    const size_t before = server.process().Output().size();
+    const size_t before = attacked->process().Output().size();
     std::vector<std::string> attack = {HostilePeer()};
     for (auto& a : ProviderArgs(provider())) attack.push_back(a);
-    attack.insert(attack.end(), {server.address(), "claim-lane", "--victim", lanes, "--seconds",
+    attack.insert(attack.end(), {attacked->address(), "claim-lane", "--victim", lanes, "--seconds",
                                  "3", "--spelling", spelling});
     Result claimer = RunToEnd(attack, 60s);
     EXPECT_EQ(claimer.exit_code, 0) << claimer.out << claimer.err;
-    const std::string during = server.process().Output().substr(before);
+    const std::string during = attacked->process().Output().substr(before);
     whole_attack = during.find(" done: ") == std::string::npos;  // the victim's session lasted
     Result r = victim.Wait(300s);
     // The victim starved by a data thread that was held (a loaded host), not by the claim:
     // this round once more, with the held thread's line printed (process.hpp).
-    const std::string this_round = server.process().Output().substr(earlier);
+    const std::string this_round = attacked->process().Output().substr(earlier);
     const std::string held = HeldDataThreadLine(this_round + r.out);
     if (r.exit_code != 0 && !tried_again && !held.empty()) {
+      // Against a new server: over 1.17's shm the starved victim, gone with WRITEs in flight,
+      // holds every later WRITE of the lane behind its own (README, "Which provider keeps
+      // which promise").
       std::printf("a data thread was held: %s; this round once more\n", held.c_str());
       tried_again = true;
       --round;
+      attacked = start();
+      ASSERT_FALSE(attacked->address().empty());
       continue;
     }
     ASSERT_EQ(r.exit_code, 0) << r.out << r.err << "--- the server, this round:\n" << this_round;
@@ -615,7 +627,7 @@ void ClaimALane(const std::string& provider_name, const std::string& spelling) {
     break;
   }
   EXPECT_TRUE(whole_attack) << "the victim never outlived the attack";
-  server.Stop();
+  attacked->Stop();
 }
 
 INSTANTIATE_TEST_SUITE_P(Providers, HostileService, ::testing::Values("shm", "tcp"));
