@@ -612,10 +612,6 @@ std::unique_ptr<service::Session> Engine::Open(const wire::Connect& connect) {
 // off its core is moved (CoreWatch).
 service::Engine::Report Engine::Watch() {
   Report report;
-  if (stuck_leaves > 0 && CompletesInOrder(*plan.lanes[0]))
-    report.fatal = "a client left WRITEs in flight that never complete, and libfabric 1.17's shm "
-                   "completes a lane's WRITEs in order: none would complete again (README.md, "
-                   "\"Which provider keeps which promise\")";
   const auto limit = std::chrono::duration<double>(options.peer_timeout_s);
   for (auto& wp : workers) {
     Worker& w = *wp;
@@ -635,6 +631,11 @@ service::Engine::Report Engine::Watch() {
         report.lines.push_back("thread " + std::to_string(w.index) + ": " + moved);
     // </rung pin>
   }
+  // After a thread stuck in the provider (above), which may be why the leave stuck.
+  if (report.fatal.empty() && stuck_leaves > 0 && CompletesInOrder(*plan.lanes[0]))
+    report.fatal = "a client left WRITEs in flight that never complete, and libfabric 1.17's shm "
+                   "completes a lane's WRITEs in order: none would complete again (README.md, "
+                   "\"Which provider keeps which promise\")";
   return report;
 }
 
