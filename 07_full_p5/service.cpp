@@ -61,6 +61,50 @@ std::string Seconds(double s) {
   return text;
 }
 
+// Sessions on their way out of the engine, asked again each round: a session's last line comes
+// once its threads let it go; one whose WRITEs never complete is kept for good (its threads
+// may still touch it). Nothing waits here: the other clients are served meanwhile.
+class Leavers {
+ public:
+  void Start(uint64_t number, std::string how, std::unique_ptr<Session> session) {
+    session->Leave();
+    going_.push_back({number, std::move(how), std::move(session)});
+  }
+  void Settle() {
+    std::erase_if(going_, [&](Entry& g) {
+      const Session::Leaving state = g.session->Leave();
+      if (state == Session::Leaving::kUnderway) return false;
+      std::printf("client %llu %s: %s; control thread %.3f s since the server started\n",
+                  static_cast<unsigned long long>(g.number), g.how.c_str(),
+                  g.session->Totals().c_str(), ThreadCpuSeconds());
+      if (state == Session::Leaving::kStuck) {
+        std::printf("client %llu: WRITEs of its are still in the provider: its entry is kept\n",
+                    static_cast<unsigned long long>(g.number));
+        stuck_.push_back(std::move(g.session));
+      }
+      g.session.reset();
+      malloc_trim(0);  // what the session's queues took goes back to the system
+      return true;
+    });
+  }
+  bool Going() const { return !going_.empty(); }
+  size_t Stuck() const { return stuck_.size(); }
+  // At exit: sessions a data thread may still hold are never freed; exit ends both.
+  void Release() {
+    for (auto& g : going_) (void)g.session.release();
+    for (auto& s : stuck_) (void)s.release();
+  }
+
+ private:
+  struct Entry {
+    uint64_t number = 0;
+    std::string how;
+    std::unique_ptr<Session> session;
+  };
+  std::vector<Entry> going_;
+  std::vector<std::unique_ptr<Session>> stuck_;  // WRITEs of theirs never completed
+};
+
 }  // namespace
 
 int Serve(const Options& options, const fi_info& control, WaitMode wait, Engine& engine) {
@@ -79,7 +123,7 @@ int Serve(const Options& options, const fi_info& control, WaitMode wait, Engine&
   std::deque<Received> inbox;
   std::map<fi_addr_t, std::string> lost;            // peers a send failed for
   std::map<fi_addr_t, Clock::time_point> departed;  // control AV entries to remove
-  std::vector<std::unique_ptr<Session>> stuck;      // WRITEs of theirs never completed
+  Leavers leavers;                                  // sessions leaving the engine
   uint64_t served = 0, arrivals = 0;
   // CONNECTs left unanswered while the client whose lanes they name is served, by the address
   // they answer to: the number each got and the client it waits on. Sent again every 0.5 s,
@@ -120,44 +164,18 @@ int Serve(const Options& options, const fi_info& control, WaitMode wait, Engine&
     mail.Send(dest, wire::ErrorReply{request_id, why});
   };
   // Forgets a client and starts its session's leave; its last line comes once the engine let
-  // it go (settle). Its control address leaves our AV once our last message to it left.
-  struct Departing {
-    uint64_t number = 0;
-    std::string how;
-    std::unique_ptr<Session> session;
-  };
-  std::vector<Departing> departing;
+  // it go (Leavers). Its control address leaves our AV once our last message to it left.
   auto close = [&](uint64_t number, const std::string& how) {
     auto it = clients.find(number);
     if (it == clients.end()) return;
     Client& c = it->second;
-    c.session->Leave();
-    departing.push_back({number, how, std::move(c.session)});
+    leavers.Start(number, how, std::move(c.session));
     if (how.rfind("lost", 0) == 0) mail.Forget(c.control);
     by_source.erase(c.control);
     departed[c.control] = Clock::now();
     std::erase_if(waiting, [&](const auto& w) { return w.second.on == number; });
     clients.erase(it);
     ++served;
-  };
-  // Sessions whose leave ended: their last line, and freed, or kept for good when WRITEs of
-  // theirs never completed. Nothing waits here: the others are served meanwhile.
-  auto settle = [&] {
-    std::erase_if(departing, [&](Departing& d) {
-      const Session::Leaving state = d.session->Leave();
-      if (state == Session::Leaving::kUnderway) return false;
-      std::printf("client %llu %s: %s; control thread %.3f s since the server started\n",
-                  static_cast<unsigned long long>(d.number), d.how.c_str(),
-                  d.session->Totals().c_str(), ThreadCpuSeconds());
-      if (state == Session::Leaving::kStuck) {
-        std::printf("client %llu: WRITEs of its are still in the provider: its entry is kept\n",
-                    static_cast<unsigned long long>(d.number));
-        stuck.push_back(std::move(d.session));
-      }
-      d.session.reset();
-      malloc_trim(0);  // what the session's queues took goes back to the system
-      return true;
-    });
   };
 
   ControlNap nap;
@@ -200,7 +218,7 @@ int Serve(const Options& options, const fi_info& control, WaitMode wait, Engine&
               "done (" + std::to_string(c.open_requests) + " requests unfinished after its BYE)");
       }
     }
-    settle();
+    leavers.Settle();
     // The engine: lines of its own, and whether it can go on.
     const Engine::Report engine_report = engine.Watch();
     for (const std::string& line : engine_report.lines) std::printf("engine: %s\n", line.c_str());
@@ -208,8 +226,7 @@ int Serve(const Options& options, const fi_info& control, WaitMode wait, Engine&
       std::printf("server: the engine cannot go on: %s; exiting\n", engine_report.fatal.c_str());
       std::fflush(stdout);
       for (auto& [number, c] : clients) c.session.release();  // its threads may still use them
-      for (auto& d : departing) d.session.release();
-      for (auto& s : stuck) s.release();
+      leavers.Release();
       return kExitFailure;
     }
     std::erase_if(departed, [&](const auto& d) {
@@ -262,7 +279,8 @@ int Serve(const Options& options, const fi_info& control, WaitMode wait, Engine&
         const uint32_t format = net.info->addr_format;
         const std::vector<uint8_t> reply = CanonicalAddress(given, format);
         std::vector<std::vector<uint8_t>> lanes;
-        for (const auto& lane : connect->lanes) lanes.push_back(CanonicalAddress(lane.address, format));
+        for (const auto& lane : connect->lanes)
+          lanes.push_back(CanonicalAddress(lane.address, format));
         if (reply == CanonicalAddress(own_address, format)) {
           std::printf("dropped a CONNECT that names this server's own address\n");
           continue;
@@ -346,9 +364,9 @@ int Serve(const Options& options, const fi_info& control, WaitMode wait, Engine&
           departed[id] = Clock::now();
           continue;
         }
-        if (stuck.size() >= kMaxStuckSessions) {  // each holds a window of the engine's queues
+        if (leavers.Stuck() >= kMaxStuckSessions) {  // each holds a window of the engine's queues
           refuse(id, number, 0,
-                 std::to_string(stuck.size()) +
+                 std::to_string(leavers.Stuck()) +
                      " clients left WRITEs in the provider that never completed: restart this "
                      "server");
           departed[id] = Clock::now();
@@ -357,8 +375,8 @@ int Serve(const Options& options, const fi_info& control, WaitMode wait, Engine&
         // The client before it may still be leaving (its threads let it go within a round):
         // only once it is gone may the engine be rebuilt for this one (--ladder's next rung).
         for (const auto until = Clock::now() + std::chrono::milliseconds(50);
-             clients.empty() && !departing.empty() && Clock::now() < until;) {
-          settle();
+             clients.empty() && leavers.Going() && Clock::now() < until;) {
+          leavers.Settle();
           std::this_thread::sleep_for(std::chrono::milliseconds(1));
         }
         const auto opening = Clock::now();
@@ -424,12 +442,12 @@ int Serve(const Options& options, const fi_info& control, WaitMode wait, Engine&
   // Every leave started at once: one patience for all. The control queue is still read: over
   // shm 1.17 a peer that closes before its first message is read crashes us
   // (docs/architecture.md).
-  while (!departing.empty()) {
+  while (leavers.Going()) {
     progress();
-    settle();
+    leavers.Settle();
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
-  for (auto& s : stuck) s.release();  // a data thread still holds it; exit ends both
+  leavers.Release();
   std::printf("served %llu clients\n", static_cast<unsigned long long>(served));
   return kExitOk;
 }
