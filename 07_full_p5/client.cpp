@@ -31,6 +31,10 @@
 
 namespace p5 {
 
+double UnixSeconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
 // Over shm, our endpoints' files in /dev/shm, which a server opens to reach them: one that is
 // gone (removed while we ran: a CI run of 2.6 once saw its server refuse a client's every
 // CONNECT for want of its lane's file) is named, for a client whose CONNECT went unanswered.
@@ -67,6 +71,14 @@ void CheckClientOptions(const Options& options) {
                      std::to_string(options.window) + ")");
   if (options.warmup > wire::kMaxRepeat)
     throw UsageError("invalid --warmup " + std::to_string(options.warmup));
+  // A start further off than the wait for the server would be a silence the server drops.
+  if (options.start_at > 0 && options.start_at > UnixSeconds() + options.timeout_s) {
+    char line[160];
+    std::snprintf(line, sizeof line,
+                  "invalid --start-at %.3f (%.0f s from now; at most --timeout, %g s)",
+                  options.start_at, options.start_at - UnixSeconds(), options.timeout_s);
+    throw UsageError(line);
+  }
 }
 // A receiving thread of the client: the remote-write completions of its block of lanes (a
 // group's, with a thread per group), counted per request in counters of its own and
@@ -105,6 +117,7 @@ void RunReceiver(Receiver& r, std::span<Network> lanes, size_t requests, WaitMod
     std::printf("warning: receiver not pinned: %s\n", why.c_str());
   std::vector<uint64_t> lane_counts(r.lane_count);
   uint64_t total = 0, warm = 0;
+  IdleBackoff backoff(8);  // --wait spin: idle rounds nap (at most 256 us), never taking a core
   try {
     while (!stop) {
       size_t n = 0;
@@ -132,6 +145,7 @@ void RunReceiver(Receiver& r, std::span<Network> lanes, size_t requests, WaitMod
       }
       r.reading.store(false, std::memory_order_relaxed);
       if (n > 0) {
+        backoff.Busy();
         // The clock is read once, not per completion: at 1.5 M WRITEs a second reading it
         // for each batch cost 2% of this thread.
         if (total > 0 && r.first_arrival == 0)
@@ -143,6 +157,8 @@ void RunReceiver(Receiver& r, std::span<Network> lanes, size_t requests, WaitMod
         r.total = total;
       } else if (wait == WaitMode::kBlock) {
         WaitForCompletions(lanes, 20);
+      } else {
+        backoff.Idle();
       }
     }
   } catch (const std::exception& e) {
@@ -536,6 +552,15 @@ Summary RunSession(const Options& options, std::span<const uint8_t> peer, wire::
     while (warmed() < warmup.pages.size() * warmup.repeat && refused.empty()) progress();
   }
   // </rung warmup>
+  // --start-at: clients started one after another are timed together (scripts/bench-clients).
+  // Waiting is not silence: the control messages are still read meanwhile.
+  for (double left; (left = options.start_at - UnixSeconds()) > 0 && refused.empty();) {
+    if (left > 0.01)
+      progress();
+    else
+      std::this_thread::sleep_for(std::chrono::duration<double>(left));
+    last_progress = Clock::now();
+  }
   // The clock runs from the first request sent to the last WRITE landed: the server's work
   // (filling its pages) counts, and nothing a provider does with completions can shrink it.
   // What the NICs themselves count on the wire (common/nic_counters), from here to the last
@@ -545,8 +570,7 @@ Summary RunSession(const Options& options, std::span<const uint8_t> peer, wire::
   WireBytes wire(domains, WireDirection::kReceived);
   wire.Start();
   const auto start = Clock::now();
-  const double started_at =
-      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  const double started_at = UnixSeconds();
   const double cpu_start = ThreadCpuSeconds();  // this thread only watches: it should nap
   for (const auto& request : requests) send(request);
   while (arrived_total() < expected) {

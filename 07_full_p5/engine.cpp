@@ -20,6 +20,7 @@
 #include <thread>
 #include <utility>
 
+#include "backoff.hpp"
 #include "engine.hpp"
 #include "error.hpp"
 #include "page_data.hpp"
@@ -83,10 +84,10 @@ void OpenLanes(Worker& w) {
   if (IsThisSystem(e.topology))
     w.placement = DescribePlacement(e.topology);
   else  // a rehearsal (--topology): where it would run there
-    w.placement = std::string("planned: ") +
-                  (e.shape.pin && w.cpu ? "cpu " + std::to_string(*w.cpu) : "any cpu") +
-                  (e.shape.numa ? ", memory on node " + std::to_string(w.group->numa)
-                                : ", memory anywhere");
+    w.placement =
+        std::string("planned: ") +
+        (e.shape.pin && w.cpu ? "cpu " + std::to_string(*w.cpu) : "any cpu") +
+        (e.shape.numa ? ", memory on node " + std::to_string(w.group->numa) : ", memory anywhere");
 }
 // A counter only its thread writes and the control thread reads: a plain load and store, not
 // a locked read-modify-write (twice per WRITE).
@@ -110,7 +111,8 @@ Op* TakeOp(PeerSlot& slot) {
   SharedState& shared = slot.peer->shared;
   std::lock_guard lock(shared.mutex);
   ++shared.locks;
-  if (slot.in_flight.load(std::memory_order_relaxed) >= slot.peer->settings.window * slot.lanes_used)
+  if (slot.in_flight.load(std::memory_order_relaxed) >=
+      slot.peer->settings.window * slot.lanes_used)
     return nullptr;
   if (shared.free_ops.empty()) return nullptr;
   Op* op = shared.free_ops.back();
@@ -138,7 +140,9 @@ void ReturnOp(Op* op, bool written) {
   shared.bytes += written ? op->length : 0;
   shared.free_ops.push_back(op);
 }
-void CountWrite(Op* op) { ReturnOp(op, true); }
+void CountWrite(Op* op) {
+  ReturnOp(op, true);
+}
 // A completion: its WRITE's, and those of the WRITEs it vouches for (Flush).
 void CountCompletion(Op* op) {
   ++op->share->slot->completions;
@@ -243,9 +247,9 @@ void Flush(Worker& w, PeerSlot& slot, size_t lane, bool in_poll) {
       const bool more = i + 1 < group;
       bool posted = false;
       try {
-        posted = w.lanes[lane].PostWrite(*op, slot.dest[lane], slot.peer->regions[w.first_lane + lane],
-                                         op->remote_offset, op->share->request->transfer.request_id,
-                                         more ? FI_MORE : 0);
+        posted = w.lanes[lane].PostWrite(
+            *op, slot.dest[lane], slot.peer->regions[w.first_lane + lane], op->remote_offset,
+            op->share->request->transfer.request_id, more ? FI_MORE : 0);
       } catch (const std::exception& e) {
         slot.peer->Fail(std::string("a WRITE could not be posted: ") + e.what());
         queue.pop_front();
@@ -458,6 +462,7 @@ void RunWorker(Worker& w) {
     OpenLanes(w);
     w.ready = true;
     auto last_work = Clock::now();
+    IdleBackoff backoff;  // --wait spin: an idle round naps, so that it never takes a core
     while (!w.stop) {
       Add(w.rounds, 1);
       if (const int core = sched_getcpu(); core != w.last_core) {
@@ -466,7 +471,10 @@ void RunWorker(Worker& w) {
       }
       const bool had = !w.unplaced.empty();
       const size_t done = Round(w);
-      if (done > 0 || had != !w.unplaced.empty()) last_work = Clock::now();
+      if (done > 0 || had != !w.unplaced.empty()) {
+        last_work = Clock::now();
+        backoff.Busy();
+      }
       const bool owed = std::any_of(w.slots.begin(), w.slots.end(),
                                     [](const PeerSlot* s) { return !s->shares.empty(); });
       if (!owed) {  // nothing to do: sleep until the control thread hands something over
@@ -483,6 +491,8 @@ void RunWorker(Worker& w) {
         // Owed completions that stopped coming (a client that died: shm never completes a
         // WRITE to it): nap instead of spinning a core away until --peer-timeout drops it.
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      } else if (done == 0) {
+        backoff.Idle();
       }
     }
   } catch (const std::exception& ex) {

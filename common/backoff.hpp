@@ -16,17 +16,19 @@ namespace common {
 
 class IdleBackoff {
  public:
+  // `longest_shift`: naps of at most 2^longest_shift us (6: 64 us).
+  explicit IdleBackoff(unsigned longest_shift = 6) : max_shift_(longest_shift) {}
   void Busy() { idle_ = 0; }
   void Idle() {
     if (++idle_ <= kSpins) return;
     const unsigned shift = idle_ - kSpins - 1;
     std::this_thread::sleep_for(
-        std::chrono::microseconds(1u << (shift < kMaxShift ? shift : kMaxShift)));
+        std::chrono::microseconds(1u << (shift < max_shift_ ? shift : max_shift_)));
   }
 
  private:
-  static constexpr unsigned kSpins = 64;    // idle rounds spent spinning before the first nap
-  static constexpr unsigned kMaxShift = 6;  // naps of at most 64 us
+  static constexpr unsigned kSpins = 64;  // idle rounds spent spinning before the first nap
+  unsigned max_shift_;
   unsigned idle_ = 0;
 };
 

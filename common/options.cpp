@@ -193,8 +193,27 @@ void AddOptions(CLI::App& app, Options& o, unsigned groups) {
                    "Link rate for '% of link' when the provider cannot know it (tc shaping)")
         ->check(CLI::PositiveNumber);  // CLI11 names the option and the value
   }
-  if (groups & kWarmupOptions)
+  if (groups & kWarmupOptions) {
     AddSize(app, "-w,--warmup", &o.warmup, "Untimed WRITEs per lane before the timed run", "N");
+    app.add_option_function<std::string>(
+           "--start-at",
+           [&o](const std::string& text) {
+             size_t used = 0;
+             double v = -1;
+             try {
+               v = std::stod(text, &used);
+             } catch (const std::exception&) {
+             }
+             if (used != text.size() || !(v > 0))
+               throw UsageError("invalid --start-at '" + text +
+                                "' (Unix seconds, as date +%s.%N prints them)");
+             o.start_at = v;
+           },
+           "Client: connect and warm up, then send the first timed request at this time (Unix "
+           "seconds, e.g. $(date -d '+5 sec' +%s.%N)), so that clients started one after "
+           "another are timed together; at most --timeout from the start")
+        ->type_name("TIME");
+  }
   if (groups & kLaneOptions) {
     AddSize(app, "--nics", &o.nics,
             "Lanes (NICs) to use (default 0: all NICs of the group; 07: of every group)", "N");
@@ -301,9 +320,8 @@ int ParseCommandLine(int argc, char** argv, const char* about, const char* progr
   if ((groups & kEngineOptions) && options.peer.empty() && !options.check) {
     for (const char* name : kEngineOptionNames) {  // a client's own posting settings
       if (app.count(name) > 0) {
-        std::fprintf(stderr,
-                     "%s: %s is a client option: each client sends its own\n",
-                     program, name);
+        std::fprintf(stderr, "%s: %s is a client option: each client sends its own\n", program,
+                     name);
         return kExitUsage;
       }
     }

@@ -49,9 +49,10 @@ struct Options {
   uint64_t max_requests = 64;           // server: requests in flight per client, at most
   uint64_t client_memory = 1ull << 30;  // server: source memory per client, at most
   uint64_t server_memory = 4ull << 30;  // server: source memory of all clients, at most
-  double progress_every = 0;             // 07 client: 0: 1 s on a terminal, 5 s otherwise
+  double progress_every = 0;            // 07 client: 0: 1 s on a terminal, 5 s otherwise
   double link_gbps = 0;                 // 0: sum of the link speeds libfabric reports
   uint64_t warmup = 0;
+  double start_at = 0;  // 07 client: Unix time of its first timed request; 0: at once
   // Lanes (06 onward)
   uint64_t nics = 0;  // 0: every NIC of the group
   WaitMode wait = WaitMode::kAuto;
@@ -82,7 +83,7 @@ enum OptionGroup : unsigned {
                                // --peer-timeout, --memory, --gpu-path, -S, --pages,
                                // --repeat, --seed, test switches
   kWindowOptions = 1u << 3,    // -W, --requests, --json, --link-gbps, --max-requests
-  kWarmupOptions = 1u << 4,    // -w
+  kWarmupOptions = 1u << 4,    // -w, --start-at
   kLaneOptions = 1u << 5,      // --nics, --wait
   kEngineOptions = 1u << 6,    // 07's switches, --ladder (client options: a server given one
                                // is told so)
@@ -101,8 +102,8 @@ void AddOptions(CLI::App& app, Options& options, unsigned groups);
 // The options only a client has (07): its posting settings, sent in its CONNECT, named for
 // error messages. The engine's shape (--threads, --no-pin, --no-shard, --no-numa) is the
 // server's at start, and what a client asks for.
-inline constexpr const char* kEngineOptionNames[] = {"--no-warmup", "-w",       "--batch", "--doorbell",
-                                                     "--eager-post", "--ladder", "-W"};
+inline constexpr const char* kEngineOptionNames[] = {
+    "--no-warmup", "-w", "--batch", "--doorbell", "--eager-post", "--ladder", "-W"};
 
 int ParseCommandLine(CLI::App& app, int argc, char** argv);
 

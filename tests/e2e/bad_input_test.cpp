@@ -136,6 +136,14 @@ TEST_P(BadEngineInput, BatchAndThreadsOutOfRange) {
   ExpectUsageError({"--peer-timeout", "-1"}, "invalid value '-1' for --peer-timeout");
 }
 
+TEST_P(BadEngineInput, StartAtNotATimeOrTooFarOff) {
+  ExpectUsageError({"-p", "shm", "--start-at", "soon", "66695f73686d3a2f2f3100"},
+                   "invalid --start-at 'soon'");
+  // Further off than --timeout: the server would take the wait for silence.
+  ExpectUsageError({"-p", "shm", "--start-at", "99999999999", "66695f73686d3a2f2f3100"},
+                   "at most --timeout, 10 s");
+}
+
 INSTANTIATE_TEST_SUITE_P(Stages, BadEngineInput, ::testing::Values("07_full_p5"));
 
 }  // namespace
