@@ -180,346 +180,100 @@ struct Receivers {
   }
 };
 // One client session: connect with `engine`, warm every lane up, send the requests, count
-// and time the WRITEs, verify. The server opens a session of its own for it.
-Summary RunSession(const Options& options, std::span<const uint8_t> peer, wire::Engine engine,
-                   bool warm, bool print) {
-  const auto began = Clock::now();
-  const MemoryKind memory = MemoryFor(options);
-  std::string no_hmem;
-  const Plan plan = FindNics(options, peer, memory, &no_hmem, print);
-  const WaitMode wait = ChooseWaitMode(options.wait, *plan.lanes[0]);
+// and time the WRITEs, verify. The server makes it an entry of its engine. Each step is a
+// method of its own; the members are the session's state, in the order it is built (and torn
+// down in reverse: the receiving threads stop before the lanes they poll close).
+class ClientSession {
+ public:
+  ClientSession(const Options& options, std::span<const uint8_t> peer, wire::Engine engine,
+                bool warm, bool print);
+  Summary Run();
+
+ private:
+  // The clock of the timed part, from the first request sent (Transfer).
+  struct Timing {
+    Clock::time_point start;
+    double started_at = 0, seconds = 0, until_done = 0, main_cpu = 0;
+    std::map<std::string, uint64_t> wire_bytes;
+  };
+  void OpenLanes();
+  void RegisterRegions();
+  void PlanRequests();
+  void PlanReceivers();
+  void OnControl(Op* op, const fi_cq_data_entry& entry, fi_addr_t source);
+  void OnAccept(const wire::Accept& accept);
+  void OnRefused(const wire::ErrorReply& error);
+  bool Answers(uint32_t id);
+  void Send(const wire::Message& message) { mail_->Send(server_, message); }
+  void Progress();
+  void WatchLanes();
+  std::string Missing() const;
+  bool InsideProvider();
+  uint64_t ArrivedTotal() const;
+  void Connect();
+  void StartReceivers();
+  void WarmUp();
+  void WaitForStart();
+  Timing Transfer();
+  void Finish();
+  uint64_t Verify();
+  Summary Summarize(const Timing& t, uint64_t verified);
+
+  const Options& options_;
+  wire::Engine engine_;
+  bool warm_;
+  const bool print_;
+  const Clock::time_point began_ = Clock::now();
+  const Clock::duration limit_;  // --timeout
+  std::string no_hmem_;
+  MemoryKind memory_kind_;
+  Plan plan_;
+  WaitMode wait_;
   // Control messages have an endpoint of their own, as on the server: the data lanes' CQs
   // then belong to the receiving threads alone.
-  Network control = Network::Open(FiInfoPtr(fi_dupinfo(plan.lanes[0].get())), wait);
-  const fi_addr_t server = control.Insert(peer);
-  control.memory =
-      ChooseMemoryPath(control.domain.get(), *control.info, memory, options.gpu_path, no_hmem);
-  std::vector<Network> lanes;
-  const size_t cq_entries = ReceiverCqEntries(options.window);
-  for (const auto& nic : plan.lanes)
-    lanes.push_back(Network::Open(DataLane(*nic), wait, &control.memory, cq_entries));
-  const std::optional<bool> emulated_write = EmulatedWrite(lanes[0].ep.get());
-  if (print) PrintHeader("client", plan, wait, control.memory, emulated_write);
-  const size_t tx = lanes[0].info->tx_attr->size;
-  if (options.window > tx)
-    throw UsageError("invalid --window " + std::to_string(options.window) + ": the provider's " +
-                     "queue holds " + std::to_string(tx));
-  if (!options.address_file.empty()) {            // our lane addresses, then our control endpoint's
-    std::vector<std::vector<uint8_t>> addresses;  // (tests play a thief and a forger with them)
-    for (const auto& lane : lanes) addresses.push_back(lane.Address());
-    addresses.push_back(control.Address());
-    WriteAddressList(addresses, options.address_file);
-  }
-
-  // The region has room for twice the pages asked for, so the chosen pages are scattered;
-  // each request gets its own share of them. One region per group, in its GPU's memory or
-  // host memory, registered once on each of the group's lanes (each domain gives it a key).
-  const uint64_t total_pages = options.pages * options.requests;
-  const uint64_t region_pages = 2 * total_pages;
-  std::map<size_t, PageBuffer> regions;
-  std::vector<MrPtr> region_mrs;
-  Clock::duration registering{};  // registration alone, apart from allocating and the transfer
-  uint64_t registered = 0;
-  for (size_t l = 0; l < lanes.size(); ++l) {
-    const size_t g = plan.group_of[l];
-    if (!regions.count(g))
-      regions.try_emplace(g, region_pages * options.page_size, control.memory,
-                          plan.groups[g].gpu.value_or(0));
-    const auto before = Clock::now();
-    region_mrs.push_back(
-        RegisterPages(lanes[l].domain.get(), *lanes[l].info, regions.at(g), FI_REMOTE_WRITE));
-    registering += Clock::now() - before;
-    registered += regions.at(g).size();
-  }
-  Mail mail(control, kRecvDepth, options.requests + 4);
-
-  const std::vector<uint32_t> all_pages = SamplePages(options.seed, total_pages, region_pages);
-  std::vector<wire::Transfer> requests(options.requests);
-  for (size_t r = 0; r < requests.size(); ++r) {
-    requests[r].request_id = static_cast<uint32_t>(r + 1);
-    requests[r].seed = options.seed;
-    requests[r].page_size = options.page_size;
-    requests[r].repeat = options.repeat;
-    requests[r].pages.assign(all_pages.begin() + r * options.pages,
-                             all_pages.begin() + (r + 1) * options.pages);
-  }
-  if (options.test_bad_page) requests.back().pages.back() = static_cast<uint32_t>(region_pages);
-  // <rung warmup>
-  // Warmup: the first page of each lane, --warmup times, untimed. It lands where the timed
-  // WRITEs land later, with the same data.
-  wire::Transfer warmup = requests[0];
-  warmup.request_id = kWarmupRequest;
-  warmup.pages.resize(std::min<size_t>(lanes.size(), warmup.pages.size()));
-  warmup.repeat = options.warmup;
-  warm = warm && options.warmup > 0;
-  // </rung warmup>
-  // What each lane receives: page i of a request comes on lane i % lanes.
-  std::vector<uint64_t> expected_per_lane(lanes.size());
-  for (const auto& r : requests)
-    for (size_t i = 0; i < r.pages.size(); ++i) expected_per_lane[i % lanes.size()] += r.repeat;
-  // The server keeps source memory for what our requests need at once, per lane.
-  engine.memory =
-      options.requests * ((options.pages + lanes.size() - 1) / lanes.size()) * options.page_size;
-  const size_t control_limit = control.info->ep_attr->max_msg_size;
-  if (wire::Encode(requests[0]).size() > control_limit)
-    throw UsageError("--pages " + std::to_string(options.pages) + ": a TRANSFER of that many " +
-                     "pages is longer than the " + std::to_string(control_limit) +
-                     "-byte messages this fabric carries (efa-direct: at most its MTU)");
-
-  // Receiving threads: as many as the server's data threads, over the same blocks of lanes.
-  // The topology they pin with is declared first, so it outlives them: an early exit (a
-  // refused warmup) joins them in ~Receivers, and one may only be pinning itself then.
-  const Topology topology = LoadTopology(options);
-  Receivers receivers;
-  // <rung threads>
-  const size_t threads = ThreadsFor(engine.threads, plan, lanes.size());
-  // </rung threads>
-  // <without threads> const size_t threads = 1;
-  std::map<const DeviceGroup*, size_t> per_group;
-  const std::vector<unsigned> given = GivenCpus();  // before any thread pins itself
-  for (size_t t = 0; t < threads; ++t) {
-    auto r = std::make_unique<Receiver>();
-    r->first_lane = t * lanes.size() / threads;
-    r->lane_count = (t + 1) * lanes.size() / threads - r->first_lane;
-    r->arrived.assign(requests.size() + 1, 0);
-    r->per_lane = std::make_unique<std::atomic<uint64_t>[]>(r->lane_count);
-    for (size_t l = r->first_lane; l < r->first_lane + r->lane_count; ++l)
-      r->owed += expected_per_lane[l];
-    // Cores from the group's last one down: a client and a server on one host (shm, loopback)
-    // then pin to different cores, as on two hosts they would not share one.
-    // Among the cores this client was given (taskset, Slurm, a cpuset).
-    const DeviceGroup& group = plan.groups[plan.group_of[r->first_lane]];
-    const std::vector<unsigned> cpus =
-        IsThisSystem(topology) ? CpusWithin(group.cpus, given) : group.cpus;
-    if (!cpus.empty()) r->cpu = cpus[cpus.size() - 1 - per_group[&group]++ % cpus.size()];
-    receivers.threads.push_back(std::move(r));
-  }
-  auto arrived_total = [&] {
-    uint64_t n = 0;
-    for (const auto& r : receivers.threads) n += r->total;
-    return n;
-  };
-  auto last_arrival = [&] {
-    Clock::rep last = 0;
-    for (const auto& r : receivers.threads) last = std::max(last, r->last_arrival.load());
-    return Clock::time_point{Clock::duration(last)};
-  };
-
-  uint64_t expected = total_pages * options.repeat;  // less what the server refuses
-  size_t done_count = 0, refused_count = 0;
-  wire::Done served{0, 0, UINT64_MAX, 0, 0};  // the server's clock, from its DONEs
-  uint64_t setup_ns = 0;
-  std::string refused;
-  bool accepted = false;
-  double link_gbps = 0;
-  for (const auto& lane : lanes)  // --link-gbps is the rate of one NIC
-    link_gbps += options.link_gbps > 0 ? options.link_gbps : LinkGbps(*lane.info);
-  ProgressLine progress_line(expected, link_gbps, options.progress_every);
-  const auto limit =
-      std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(options.timeout_s));
-  auto last_progress = Clock::now();
-  uint64_t seen = 0;
+  Network control_;
+  fi_addr_t server_;
+  std::vector<Network> lanes_;
+  std::vector<std::string> domains_;  // each lane's NIC
+  size_t cq_entries_ = 0;
+  std::optional<bool> emulated_write_;
+  std::map<size_t, PageBuffer> regions_;  // per group
+  std::vector<MrPtr> region_mrs_;         // per lane
+  Clock::duration registering_{};  // registration alone, apart from allocating and the transfer
+  uint64_t registered_ = 0;
+  std::optional<Mail> mail_;
+  std::vector<wire::Transfer> requests_;
+  wire::Transfer warmup_;
+  std::vector<uint64_t> expected_per_lane_;
+  // The topology receivers pin with is declared before them, so it outlives them: an early
+  // exit (a refused warmup) joins them in ~Receivers, and one may only be pinning itself then.
+  Topology topology_;
+  std::vector<unsigned> given_;  // the cores this client was given, before any thread pinned
+  Receivers receivers_;
+  // What the server said.
+  uint64_t expected_ = 0;  // WRITEs owed to us, less what the server refuses
+  size_t done_count_ = 0, refused_count_ = 0;
+  wire::Done served_{0, 0, UINT64_MAX, 0, 0};  // the server's clock, from its DONEs
+  uint64_t setup_ns_ = 0;
+  std::string refused_;
+  bool accepted_ = false;
   // Only our server's messages count: whoever reaches our control endpoint can send it
   // anything, and it is dropped and counted. Each request is answered once (DONE or ERROR): a
   // second answer, or one for a request we never made, is no answer of our server's.
-  ServerFilter from_server(server, wire::NewToken());
-  std::vector<bool> answered(requests.size() + 1, false);
-  bool warmup_answered = false;
-  auto answers = [&](uint32_t id) {
-    if (id == kWarmupRequest) return warm && !std::exchange(warmup_answered, true);
-    if (id == 0 || id > requests.size() || answered[id]) return false;
-    answered[id] = true;
-    return true;
-  };
-  auto on_done = [&](Op* op, const fi_cq_data_entry& entry, fi_addr_t source) {
-    if (op == nullptr) return;  // the control endpoint receives no WRITEs
-    if (op->kind == OpKind::kSend) {
-      mail.Sent(op);
-      return;
-    }
-    std::optional<wire::Message> message =
-        from_server.Take({op->buffer, entry.len}, control.source ? source : FI_ADDR_UNSPEC);
-    control.PostRecv(*op);
-    if (!message) return;
-    if (auto* accept = std::get_if<wire::Accept>(&*message); accept != nullptr && !accepted) {
-      // efa-direct takes a WRITE only from an initiator in the target's AV (fi_efa(7)): each
-      // lane's writer goes into that lane's AV before anything of ours asks for a WRITE. Done
-      // on every provider, so that CI runs the path a p5 on efa-direct needs.
-      if (accept->writers.size() > lanes.size())
-        throw Error("the server named " + std::to_string(accept->writers.size()) +
-                    " writers for our " + std::to_string(lanes.size()) + " lanes");
-      for (size_t l = 0; l < accept->writers.size(); ++l) lanes[l].Insert(accept->writers[l]);
-      if (print)
-        std::printf("the server's writers are in our lanes' AVs: %zu of %zu lanes\n",
-                    accept->writers.size(), lanes.size());
-      accepted = true;
-      setup_ns = accept->setup_ns;
-      mail.Seal(server, accept->session);  // our requests and BYE carry it
-    } else if (auto* d = std::get_if<wire::Done>(&*message); d && answers(d->request_id)) {
-      if (d->request_id == kWarmupRequest) return;
-      ++done_count;
-      served.first_post_ns = std::min(served.first_post_ns, d->first_post_ns);
-      served.last_completion_ns = std::max(served.last_completion_ns, d->last_completion_ns);
-      served.fill_ns += d->fill_ns;
-    } else if (auto* error = std::get_if<wire::ErrorReply>(&*message);
-               error && (!accepted || error->request_id == 0 || answers(error->request_id))) {
-      if (!accepted) throw Error("the server refused the connection: " + error->text);
-      if (refused.empty())
-        refused =
-            (error->request_id == kWarmupRequest ? std::string("warmup")
-                                                 : "request " + std::to_string(error->request_id)) +
-            ": " + error->text;
-      // The other requests are still being written: wait for them before saying BYE.
-      if (error->request_id >= 1 && error->request_id <= requests.size()) {
-        expected -= requests[error->request_id - 1].pages.size() * options.repeat;
-        ++refused_count;
-      }
-    } else {
-      from_server.Ignore("a message that answers nothing we asked");
-    }
-  };
-  auto on_error = [&](Op*, const CompletionError& error) {
-    Abandon(kProgram, "a control message failed: " + error.text);
-  };
-  // Names the lanes still owed WRITEs, and the one whose WRITEs stopped landing first: a NIC
-  // that failed for good (docs/failure-modes.md, "When a NIC fails"). The others stall after
-  // it, once its WRITEs hold the whole window; the session ends with that, not a wait without
-  // end.
-  std::vector<uint64_t> lane_seen(lanes.size(), 0);
-  std::vector<Clock::time_point> lane_moved(lanes.size(), Clock::now());
-  auto watch_lanes = [&] {
-    for (const auto& r : receivers.threads)
-      for (size_t l = 0; l < r->lane_count; ++l)
-        if (const uint64_t got = r->per_lane[l]; got != lane_seen[r->first_lane + l]) {
-          lane_seen[r->first_lane + l] = got;
-          lane_moved[r->first_lane + l] = Clock::now();
-        }
-  };
-  auto missing = [&] {
-    std::string lanes_owed;
-    std::vector<size_t> owed;  // lanes still owed WRITEs, the one that stopped first at front
-    for (size_t lane = 0; lane < lanes.size(); ++lane) {
-      if (lane_seen[lane] >= expected_per_lane[lane]) continue;
-      lanes_owed += std::string(lanes_owed.empty() ? "" : ", ") + "lane " + std::to_string(lane) +
-                    " (" + lanes[lane].info->domain_attr->name + ") " +
-                    std::to_string(expected_per_lane[lane] - lane_seen[lane]) + " of " +
-                    std::to_string(expected_per_lane[lane]);
-      owed.push_back(lane);
-    }
-    std::sort(owed.begin(), owed.end(),
-              [&](size_t x, size_t y) { return lane_moved[x] < lane_moved[y]; });
-    if (owed.size() > 1 &&
-        lane_moved[owed[1]] - lane_moved[owed[0]] > std::chrono::milliseconds(50))
-      lanes_owed += "; lane " + std::to_string(owed[0]) + " (" +
-                    lanes[owed[0]].info->domain_attr->name + ") stopped first, " +
-                    FormatSeconds(lane_moved[owed[1]] - lane_moved[owed[0]]) +
-                    " before the others: its NIC or its path failed (07 does not fail over)";
-    return lanes_owed;
-  };
-  // A receiver inside one call of the provider's (its round count unchanged): the provider may
-  // be moving our data there, so its silence is not the server's; but a call that does not
-  // return in `inside_bound` (6 x --timeout, at least a minute) is the provider's wedge.
-  const auto inside_bound = std::max<Clock::duration>(6 * limit, std::chrono::seconds(60));
-  std::vector<uint64_t> rounds_seen(receivers.threads.size(), 0);
-  std::vector<Clock::time_point> same_since(receivers.threads.size(), Clock::now());
-  auto inside_provider = [&] {
-    bool inside = false;
-    const auto now = Clock::now();
-    for (size_t i = 0; i < receivers.threads.size(); ++i) {
-      const Receiver& r = *receivers.threads[i];
-      const uint64_t rounds = r.rounds.load(std::memory_order_relaxed);
-      if (rounds != rounds_seen[i]) {
-        rounds_seen[i] = rounds;
-        same_since[i] = now;
-        continue;
-      }
-      if (!r.reading.load(std::memory_order_relaxed) || now - same_since[i] < limit / 100) continue;
-      if (now - same_since[i] > inside_bound)
-        Abandon(kProgram, "a receiving thread has been inside the provider's fi_cq_read for " +
-                              FormatSeconds(now - same_since[i]) + ": it does not return");
-      inside = true;
-    }
-    return inside;
-  };
-  ControlNap nap;
-  auto progress = [&] {
-    size_t n = control.PollCompletion(on_done, on_error);
-    if (!mail.Flush(limit).empty())
-      Abandon(kProgram, "no answer from the server within " + FormatSeconds(limit) +
-                            ": it takes none of our messages (is it running at that address?)");
-    for (const auto& r : receivers.threads)
-      if (r->failed) {
-        std::lock_guard lock(r->mutex);
-        Abandon(kProgram, r->failure);
-      }
-    const uint64_t now_seen = arrived_total();
-    if (n > 0 || now_seen != seen || inside_provider()) last_progress = Clock::now();
-    watch_lanes();
-    // <rung pin>
-    if ((engine.flags & wire::kEnginePin) && IsThisSystem(topology))
-      for (size_t i = 0; i < receivers.threads.size(); ++i) {
-        Receiver& r = *receivers.threads[i];
-        if (!r.cpu || r.tid == 0) continue;
-        if (std::string moved = r.core.Check(r.tid, *r.cpu, given); !moved.empty() && print) {
-          std::printf("receiving thread %zu: %s\n", i, moved.c_str());
-          std::fflush(stdout);
-        }
-      }
-    // </rung pin>
-    seen = now_seen;
-    // The receivers count the data; this thread only watches, so it naps unless a control
-    // message came (a spinning watcher takes a core from the lanes on a small machine).
-    if (n == 0)
-      nap.Idle();  // 1 ms, doubling to 8 ms (common/backoff.hpp)
-    else
-      nap.Busy();
-    if (accepted && Clock::now() - last_progress > limit) {  // before ACCEPT: the loop below
-      const std::string owed = missing();
-      Abandon(kProgram,
-              "no answer from the server within " + FormatSeconds(limit) +
-                  (owed.empty() ? " (is it running at that address?)" : "; missing: " + owed));
-    }
-  };
-  auto send = [&](const wire::Message& message) { mail.Send(server, message); };
-
-  wire::Connect connect;
-  connect.engine = engine;
-  for (size_t l = 0; l < lanes.size(); ++l) {
-    PageBuffer& region = regions.at(plan.group_of[l]);
-    connect.lanes.push_back(
-        {lanes[l].Address(),
-         lanes[l].Advertise(region_mrs[l].get(), region.nic_data(), region.size())});
-  }
-  connect.reply = control.Address();
-  if (!options.test_claim.empty()) {  // lanes 1.. become another client's
-    const auto claimed = ReadAddressList(options.test_claim);
-    for (size_t l = 1; l < connect.lanes.size() && l < claimed.size(); ++l)
-      connect.lanes[l].address = claimed[l];
-  }
-  mail.Seal(server, from_server.token());  // the server's answers carry it back
-  send(connect);
-  // Again until answered: the server answers a CONNECT once one came from the address it names.
-  for (ConnectRepeat again; !accepted; progress()) {
-    if (again.Expired(limit))  // a server that has never heard us takes none of our CONNECTs
-      Abandon(kProgram,
-              "no answer from the server within " + FormatSeconds(limit) + " to our CONNECT (" +
-                  (mail.Queued(server) ? "its endpoint has not taken it" : "taken, unanswered") +
-                  ": is it running at that address?)" + EndpointFilesGone(control, lanes));
-    if (mail.Idle() && again.Due()) send(connect);  // our address is in the server's AV now
-  }
-  // The receivers start only now: until ACCEPT this thread puts the server's writers into the
-  // lanes' AVs, and a lane is used by one thread at a time (FI_THREAD_DOMAIN: the provider
-  // locks nothing for us). An insert beside a receiver polling the same lane was a data race
-  // on shm's state, the likely cause of a 2.6 shm client that saw no WRITE after its warmup.
-  for (auto& r : receivers.threads) {
-    const Topology* pin = nullptr;  // where a receiver pins itself: nowhere
-    // <rung pin>
-    if ((engine.flags & wire::kEnginePin) && IsThisSystem(topology)) pin = &topology;
-    // </rung pin>
-    r->thread = std::thread(RunReceiver, std::ref(*r),
-                            std::span<Network>(lanes).subspan(r->first_lane, r->lane_count),
-                            requests.size(), wait, std::cref(receivers.stop), pin);
-  }
+  ServerFilter from_server_;
+  std::vector<bool> answered_;
+  bool warmup_answered_ = false;
+  // Signs of life: WRITEs seen, each lane's count and when it last moved, each receiver's
+  // rounds and since when they stood still.
+  double link_gbps_ = 0;
+  std::optional<ProgressLine> progress_line_;
+  Clock::time_point last_progress_ = Clock::now();
+  uint64_t seen_ = 0;
+  std::vector<uint64_t> lane_seen_;
+  std::vector<Clock::time_point> lane_moved_;
+  std::vector<uint64_t> rounds_seen_;
+  std::vector<Clock::time_point> same_since_;
+  ControlNap nap_;
   // This thread only watches: with the receivers pinned it keeps off their cores while another
   // is given, and gets all of them back when the session ends (the ladder's next rung).
   struct Unbind {
@@ -529,140 +283,510 @@ Summary RunSession(const Options& options, std::span<const uint8_t> peer, wire::
       std::string why;
       if (bound) BindThreadTo(given, why);
     }
-  } unbind{given};
+  } unbind_{given_};
+};
+
+ClientSession::ClientSession(const Options& options, std::span<const uint8_t> peer,
+                             wire::Engine engine, bool warm, bool print)
+    : options_(options),
+      engine_(engine),
+      warm_(warm),
+      print_(print),
+      limit_(std::chrono::duration_cast<Clock::duration>(
+          std::chrono::duration<double>(options.timeout_s))),
+      memory_kind_(MemoryFor(options)),
+      plan_(FindNics(options, peer, memory_kind_, &no_hmem_, print)),
+      wait_(ChooseWaitMode(options.wait, *plan_.lanes[0])),
+      control_(Network::Open(FiInfoPtr(fi_dupinfo(plan_.lanes[0].get())), wait_)),
+      server_(control_.Insert(peer)),
+      topology_(LoadTopology(options)),
+      from_server_(server_, wire::NewToken()) {
+  OpenLanes();
+  RegisterRegions();
+  mail_.emplace(control_, kRecvDepth, options_.requests + 4);
+  PlanRequests();
+  PlanReceivers();
+  for (const auto& lane : lanes_)  // --link-gbps is the rate of one NIC
+    link_gbps_ += options_.link_gbps > 0 ? options_.link_gbps : LinkGbps(*lane.info);
+  progress_line_.emplace(expected_, link_gbps_, options_.progress_every);
+}
+void ClientSession::OpenLanes() {
+  control_.memory = ChooseMemoryPath(control_.domain.get(), *control_.info, memory_kind_,
+                                     options_.gpu_path, no_hmem_);
+  cq_entries_ = ReceiverCqEntries(options_.window);
+  for (const auto& nic : plan_.lanes)
+    lanes_.push_back(Network::Open(DataLane(*nic), wait_, &control_.memory, cq_entries_));
+  for (const auto& lane : lanes_) domains_.push_back(lane.info->domain_attr->name);
+  emulated_write_ = EmulatedWrite(lanes_[0].ep.get());
+  if (print_) PrintHeader("client", plan_, wait_, control_.memory, emulated_write_);
+  const size_t tx = lanes_[0].info->tx_attr->size;
+  if (options_.window > tx)
+    throw UsageError("invalid --window " + std::to_string(options_.window) +
+                     ": the provider's queue holds " + std::to_string(tx));
+  if (!options_.address_file.empty()) {           // our lane addresses, then our control endpoint's
+    std::vector<std::vector<uint8_t>> addresses;  // (tests play a thief and a forger with them)
+    for (const auto& lane : lanes_) addresses.push_back(lane.Address());
+    addresses.push_back(control_.Address());
+    WriteAddressList(addresses, options_.address_file);
+  }
+  lane_seen_.assign(lanes_.size(), 0);
+  lane_moved_.assign(lanes_.size(), Clock::now());
+}
+// The region has room for twice the pages asked for, so the chosen pages are scattered; each
+// request gets its own share of them. One region per group, in its GPU's memory or host
+// memory, registered once on each of the group's lanes (each domain gives it a key).
+void ClientSession::RegisterRegions() {
+  const uint64_t region_pages = 2 * options_.pages * options_.requests;
+  for (size_t l = 0; l < lanes_.size(); ++l) {
+    const size_t g = plan_.group_of[l];
+    if (!regions_.count(g))
+      regions_.try_emplace(g, region_pages * options_.page_size, control_.memory,
+                           plan_.groups[g].gpu.value_or(0));
+    const auto before = Clock::now();
+    region_mrs_.push_back(
+        RegisterPages(lanes_[l].domain.get(), *lanes_[l].info, regions_.at(g), FI_REMOTE_WRITE));
+    registering_ += Clock::now() - before;
+    registered_ += regions_.at(g).size();
+  }
+}
+// The requests (and the warmup), what each lane is owed, and what the server keeps for us.
+void ClientSession::PlanRequests() {
+  const uint64_t total_pages = options_.pages * options_.requests;
+  const uint64_t region_pages = 2 * total_pages;
+  const std::vector<uint32_t> all_pages = SamplePages(options_.seed, total_pages, region_pages);
+  requests_.resize(options_.requests);
+  for (size_t r = 0; r < requests_.size(); ++r) {
+    requests_[r].request_id = static_cast<uint32_t>(r + 1);
+    requests_[r].seed = options_.seed;
+    requests_[r].page_size = options_.page_size;
+    requests_[r].repeat = options_.repeat;
+    requests_[r].pages.assign(all_pages.begin() + r * options_.pages,
+                              all_pages.begin() + (r + 1) * options_.pages);
+  }
+  if (options_.test_bad_page) requests_.back().pages.back() = static_cast<uint32_t>(region_pages);
+  answered_.assign(requests_.size() + 1, false);
+  expected_ = total_pages * options_.repeat;
+  // <rung warmup>
+  // Warmup: the first page of each lane, --warmup times, untimed. It lands where the timed
+  // WRITEs land later, with the same data.
+  warmup_ = requests_[0];
+  warmup_.request_id = kWarmupRequest;
+  warmup_.pages.resize(std::min<size_t>(lanes_.size(), warmup_.pages.size()));
+  warmup_.repeat = options_.warmup;
+  warm_ = warm_ && options_.warmup > 0;
+  // </rung warmup>
+  // What each lane receives: page i of a request comes on lane i % lanes.
+  expected_per_lane_.assign(lanes_.size(), 0);
+  for (const auto& r : requests_)
+    for (size_t i = 0; i < r.pages.size(); ++i) expected_per_lane_[i % lanes_.size()] += r.repeat;
+  // The server keeps source memory for what our requests need at once, per lane.
+  engine_.memory = options_.requests * ((options_.pages + lanes_.size() - 1) / lanes_.size()) *
+                   options_.page_size;
+  const size_t control_limit = control_.info->ep_attr->max_msg_size;
+  if (wire::Encode(requests_[0]).size() > control_limit)
+    throw UsageError("--pages " + std::to_string(options_.pages) + ": a TRANSFER of that many " +
+                     "pages is longer than the " + std::to_string(control_limit) +
+                     "-byte messages this fabric carries (efa-direct: at most its MTU)");
+}
+// Receiving threads: as many as the server's data threads, over the same blocks of lanes.
+void ClientSession::PlanReceivers() {
+  // <rung threads>
+  const size_t threads = ThreadsFor(engine_.threads, plan_, lanes_.size());
+  // </rung threads>
+  // <without threads> const size_t threads = 1;
+  std::map<const DeviceGroup*, size_t> per_group;
+  given_ = GivenCpus();  // before any thread pins itself
+  for (size_t t = 0; t < threads; ++t) {
+    auto r = std::make_unique<Receiver>();
+    r->first_lane = t * lanes_.size() / threads;
+    r->lane_count = (t + 1) * lanes_.size() / threads - r->first_lane;
+    r->arrived.assign(requests_.size() + 1, 0);
+    r->per_lane = std::make_unique<std::atomic<uint64_t>[]>(r->lane_count);
+    for (size_t l = r->first_lane; l < r->first_lane + r->lane_count; ++l)
+      r->owed += expected_per_lane_[l];
+    // Cores from the group's last one down, among those this client was given (taskset,
+    // Slurm, a cpuset): a client and a server on one host (shm, loopback) then pin to
+    // different cores, as on two hosts they would not share one.
+    const DeviceGroup& group = plan_.groups[plan_.group_of[r->first_lane]];
+    const std::vector<unsigned> cpus =
+        IsThisSystem(topology_) ? CpusWithin(group.cpus, given_) : group.cpus;
+    if (!cpus.empty()) r->cpu = cpus[cpus.size() - 1 - per_group[&group]++ % cpus.size()];
+    receivers_.threads.push_back(std::move(r));
+  }
+  rounds_seen_.assign(receivers_.threads.size(), 0);
+  same_since_.assign(receivers_.threads.size(), Clock::now());
+}
+uint64_t ClientSession::ArrivedTotal() const {
+  uint64_t n = 0;
+  for (const auto& r : receivers_.threads) n += r->total;
+  return n;
+}
+bool ClientSession::Answers(uint32_t id) {
+  if (id == kWarmupRequest) return warm_ && !std::exchange(warmup_answered_, true);
+  if (id == 0 || id > requests_.size() || answered_[id]) return false;
+  answered_[id] = true;
+  return true;
+}
+// A control completion: a send of ours done, or a message, which counts only if our server
+// sent it.
+void ClientSession::OnControl(Op* op, const fi_cq_data_entry& entry, fi_addr_t source) {
+  if (op == nullptr) return;  // the control endpoint receives no WRITEs
+  if (op->kind == OpKind::kSend) {
+    mail_->Sent(op);
+    return;
+  }
+  std::optional<wire::Message> message =
+      from_server_.Take({op->buffer, entry.len}, control_.source ? source : FI_ADDR_UNSPEC);
+  control_.PostRecv(*op);
+  if (!message) return;
+  if (auto* accept = std::get_if<wire::Accept>(&*message); accept != nullptr && !accepted_) {
+    OnAccept(*accept);
+  } else if (auto* d = std::get_if<wire::Done>(&*message); d && Answers(d->request_id)) {
+    if (d->request_id == kWarmupRequest) return;
+    ++done_count_;
+    served_.first_post_ns = std::min(served_.first_post_ns, d->first_post_ns);
+    served_.last_completion_ns = std::max(served_.last_completion_ns, d->last_completion_ns);
+    served_.fill_ns += d->fill_ns;
+  } else if (auto* error = std::get_if<wire::ErrorReply>(&*message);
+             error && (!accepted_ || error->request_id == 0 || Answers(error->request_id))) {
+    OnRefused(*error);
+  } else {
+    from_server_.Ignore("a message that answers nothing we asked");
+  }
+}
+// efa-direct takes a WRITE only from an initiator in the target's AV (fi_efa(7)): each lane's
+// writer goes into that lane's AV before anything of ours asks for a WRITE. Done on every
+// provider, so that CI runs the path a p5 on efa-direct needs.
+void ClientSession::OnAccept(const wire::Accept& accept) {
+  if (accept.writers.size() > lanes_.size())
+    throw Error("the server named " + std::to_string(accept.writers.size()) + " writers for our " +
+                std::to_string(lanes_.size()) + " lanes");
+  for (size_t l = 0; l < accept.writers.size(); ++l) lanes_[l].Insert(accept.writers[l]);
+  if (print_)
+    std::printf("the server's writers are in our lanes' AVs: %zu of %zu lanes\n",
+                accept.writers.size(), lanes_.size());
+  accepted_ = true;
+  setup_ns_ = accept.setup_ns;
+  mail_->Seal(server_, accept.session);  // our requests and BYE carry it
+}
+void ClientSession::OnRefused(const wire::ErrorReply& error) {
+  if (!accepted_) throw Error("the server refused the connection: " + error.text);
+  if (refused_.empty())
+    refused_ =
+        (error.request_id == kWarmupRequest ? std::string("warmup")
+                                            : "request " + std::to_string(error.request_id)) +
+        ": " + error.text;
+  // The other requests are still being written: wait for them before saying BYE.
+  if (error.request_id >= 1 && error.request_id <= requests_.size()) {
+    expected_ -= requests_[error.request_id - 1].pages.size() * options_.repeat;
+    ++refused_count_;
+  }
+}
+// Each lane's count, as its receiver published it, and when it last moved.
+void ClientSession::WatchLanes() {
+  for (const auto& r : receivers_.threads)
+    for (size_t l = 0; l < r->lane_count; ++l)
+      if (const uint64_t got = r->per_lane[l]; got != lane_seen_[r->first_lane + l]) {
+        lane_seen_[r->first_lane + l] = got;
+        lane_moved_[r->first_lane + l] = Clock::now();
+      }
+}
+// Names the lanes still owed WRITEs, and the one whose WRITEs stopped landing first: a NIC
+// that failed for good (docs/failure-modes.md, "When a NIC fails"). The others stall after
+// it, once its WRITEs hold the whole window; the session ends with that, not a wait without
+// end.
+std::string ClientSession::Missing() const {
+  std::string lanes_owed;
+  std::vector<size_t> owed;  // lanes still owed WRITEs, the one that stopped first at front
+  for (size_t lane = 0; lane < lanes_.size(); ++lane) {
+    if (lane_seen_[lane] >= expected_per_lane_[lane]) continue;
+    lanes_owed += std::string(lanes_owed.empty() ? "" : ", ") + "lane " + std::to_string(lane) +
+                  " (" + domains_[lane] + ") " +
+                  std::to_string(expected_per_lane_[lane] - lane_seen_[lane]) + " of " +
+                  std::to_string(expected_per_lane_[lane]);
+    owed.push_back(lane);
+  }
+  std::sort(owed.begin(), owed.end(),
+            [&](size_t x, size_t y) { return lane_moved_[x] < lane_moved_[y]; });
+  if (owed.size() > 1 &&
+      lane_moved_[owed[1]] - lane_moved_[owed[0]] > std::chrono::milliseconds(50))
+    lanes_owed += "; lane " + std::to_string(owed[0]) + " (" + domains_[owed[0]] +
+                  ") stopped first, " + FormatSeconds(lane_moved_[owed[1]] - lane_moved_[owed[0]]) +
+                  " before the others: its NIC or its path failed (07 does not fail over)";
+  return lanes_owed;
+}
+// A receiver inside one call of the provider's (its round count unchanged): the provider may be
+// moving our data there, so its silence is not the server's; but a call that does not return
+// in 6 x --timeout (at least a minute) is the provider's wedge.
+bool ClientSession::InsideProvider() {
+  const auto bound = std::max<Clock::duration>(6 * limit_, std::chrono::seconds(60));
+  bool inside = false;
+  const auto now = Clock::now();
+  for (size_t i = 0; i < receivers_.threads.size(); ++i) {
+    const Receiver& r = *receivers_.threads[i];
+    const uint64_t rounds = r.rounds.load(std::memory_order_relaxed);
+    if (rounds != rounds_seen_[i]) {
+      rounds_seen_[i] = rounds;
+      same_since_[i] = now;
+      continue;
+    }
+    if (!r.reading.load(std::memory_order_relaxed) || now - same_since_[i] < limit_ / 100) continue;
+    if (now - same_since_[i] > bound)
+      Abandon(kProgram, "a receiving thread has been inside the provider's fi_cq_read for " +
+                            FormatSeconds(now - same_since_[i]) + ": it does not return");
+    inside = true;
+  }
+  return inside;
+}
+// One round of the main thread: control messages, our sends, the receivers' failures and signs
+// of life; it ends the session when the server has been silent for --timeout.
+void ClientSession::Progress() {
+  size_t n = control_.PollCompletion(
+      [this](Op* op, const fi_cq_data_entry& e, fi_addr_t from) { OnControl(op, e, from); },
+      [](Op*, const CompletionError& error) {
+        Abandon(kProgram, "a control message failed: " + error.text);
+      });
+  if (!mail_->Flush(limit_).empty())
+    Abandon(kProgram, "no answer from the server within " + FormatSeconds(limit_) +
+                          ": it takes none of our messages (is it running at that address?)");
+  for (const auto& r : receivers_.threads)
+    if (r->failed) {
+      std::lock_guard lock(r->mutex);
+      Abandon(kProgram, r->failure);
+    }
+  const uint64_t now_seen = ArrivedTotal();
+  if (n > 0 || now_seen != seen_ || InsideProvider()) last_progress_ = Clock::now();
+  WatchLanes();
   // <rung pin>
-  if ((engine.flags & wire::kEnginePin) && IsThisSystem(topology)) {
+  if ((engine_.flags & wire::kEnginePin) && IsThisSystem(topology_))
+    for (size_t i = 0; i < receivers_.threads.size(); ++i) {
+      Receiver& r = *receivers_.threads[i];
+      if (!r.cpu || r.tid == 0) continue;
+      if (std::string moved = r.core.Check(r.tid, *r.cpu, given_); !moved.empty() && print_) {
+        std::printf("receiving thread %zu: %s\n", i, moved.c_str());
+        std::fflush(stdout);
+      }
+    }
+  // </rung pin>
+  seen_ = now_seen;
+  // The receivers count the data; this thread only watches, so it naps unless a control
+  // message came (a spinning watcher takes a core from the lanes on a small machine).
+  if (n == 0)
+    nap_.Idle();  // 1 ms, doubling to 8 ms (common/backoff.hpp)
+  else
+    nap_.Busy();
+  if (accepted_ && Clock::now() - last_progress_ > limit_) {  // before ACCEPT: Connect's loop
+    const std::string owed = Missing();
+    Abandon(kProgram,
+            "no answer from the server within " + FormatSeconds(limit_) +
+                (owed.empty() ? " (is it running at that address?)" : "; missing: " + owed));
+  }
+}
+// CONNECT, again until answered: the server answers a CONNECT once one came from the address
+// it names.
+void ClientSession::Connect() {
+  wire::Connect connect;
+  connect.engine = engine_;
+  for (size_t l = 0; l < lanes_.size(); ++l) {
+    PageBuffer& region = regions_.at(plan_.group_of[l]);
+    connect.lanes.push_back(
+        {lanes_[l].Address(),
+         lanes_[l].Advertise(region_mrs_[l].get(), region.nic_data(), region.size())});
+  }
+  connect.reply = control_.Address();
+  if (!options_.test_claim.empty()) {  // lanes 1.. become another client's
+    const auto claimed = ReadAddressList(options_.test_claim);
+    for (size_t l = 1; l < connect.lanes.size() && l < claimed.size(); ++l)
+      connect.lanes[l].address = claimed[l];
+  }
+  mail_->Seal(server_, from_server_.token());  // the server's answers carry it back
+  Send(connect);
+  for (ConnectRepeat again; !accepted_; Progress()) {
+    if (again.Expired(limit_))  // a server that has never heard us takes none of our CONNECTs
+      Abandon(kProgram,
+              "no answer from the server within " + FormatSeconds(limit_) + " to our CONNECT (" +
+                  (mail_->Queued(server_) ? "its endpoint has not taken it" : "taken, unanswered") +
+                  ": is it running at that address?)" + EndpointFilesGone(control_, lanes_));
+    if (mail_->Idle() && again.Due()) Send(connect);  // our address is in the server's AV now
+  }
+}
+// The receivers start only now: until ACCEPT this thread puts the server's writers into the
+// lanes' AVs, and a lane is used by one thread at a time (FI_THREAD_DOMAIN: the provider locks
+// nothing for us). An insert beside a receiver polling the same lane was a data race on shm's
+// state, the likely cause of a 2.6 shm client that saw no WRITE after its warmup.
+void ClientSession::StartReceivers() {
+  for (auto& r : receivers_.threads) {
+    const Topology* pin = nullptr;  // where a receiver pins itself: nowhere
+    // <rung pin>
+    if ((engine_.flags & wire::kEnginePin) && IsThisSystem(topology_)) pin = &topology_;
+    // </rung pin>
+    r->thread = std::thread(RunReceiver, std::ref(*r),
+                            std::span<Network>(lanes_).subspan(r->first_lane, r->lane_count),
+                            requests_.size(), wait_, std::cref(receivers_.stop), pin);
+  }
+  // <rung pin>
+  if ((engine_.flags & wire::kEnginePin) && IsThisSystem(topology_)) {
     std::vector<unsigned> pinned;
-    for (const auto& r : receivers.threads)
+    for (const auto& r : receivers_.threads)
       if (r->cpu) pinned.push_back(*r->cpu);
     std::string why;
-    unbind.bound = BindThreadTo(ControlCpus(given, pinned), why);
-    if (!unbind.bound && print)
+    unbind_.bound = BindThreadTo(ControlCpus(given_, pinned), why);
+    if (!unbind_.bound && print_)
       std::printf("warning: the main thread stays where it was: %s\n", why.c_str());
   }
   // </rung pin>
+}
+void ClientSession::WarmUp() {
   // <rung warmup>
-  if (warm) {
-    send(warmup);
-    auto warmed = [&] {
-      uint64_t n = 0;
-      for (const auto& r : receivers.threads) n += r->warm;
-      return n;
-    };
-    while (warmed() < warmup.pages.size() * warmup.repeat && refused.empty()) progress();
-  }
+  if (!warm_) return;
+  Send(warmup_);
+  auto warmed = [&] {
+    uint64_t n = 0;
+    for (const auto& r : receivers_.threads) n += r->warm;
+    return n;
+  };
+  while (warmed() < warmup_.pages.size() * warmup_.repeat && refused_.empty()) Progress();
   // </rung warmup>
-  // --start-at: clients started one after another are timed together (scripts/bench-clients).
-  // Waiting is not silence: the control messages are still read meanwhile.
-  for (double left; (left = options.start_at - UnixSeconds()) > 0 && refused.empty();) {
+}
+// --start-at: clients started one after another are timed together (scripts/bench-clients).
+// Waiting is not silence: the control messages are still read meanwhile.
+void ClientSession::WaitForStart() {
+  for (double left; (left = options_.start_at - UnixSeconds()) > 0 && refused_.empty();) {
     if (left > 0.01)
-      progress();
+      Progress();
     else
       std::this_thread::sleep_for(std::chrono::duration<double>(left));
-    last_progress = Clock::now();
+    last_progress_ = Clock::now();
   }
-  // The clock runs from the first request sent to the last WRITE landed: the server's work
-  // (filling its pages) counts, and nothing a provider does with completions can shrink it.
-  // What the NICs themselves count on the wire (common/nic_counters), from here to the last
-  // WRITE landed, beside the pages they carried.
-  std::vector<std::string> domains;
-  for (const auto& lane : lanes) domains.push_back(lane.info->domain_attr->name);
-  WireBytes wire(domains, WireDirection::kReceived);
+}
+// The clock runs from the first request sent to the last WRITE landed: the server's work
+// (filling its pages) counts, and nothing a provider does with completions can shrink it.
+// What the NICs themselves count on the wire (common/nic_counters), from here to the last
+// WRITE landed, beside the pages they carried.
+ClientSession::Timing ClientSession::Transfer() {
+  WireBytes wire(domains_, WireDirection::kReceived);
   wire.Start();
-  const auto start = Clock::now();
-  const double started_at = UnixSeconds();
+  Timing t;
+  t.start = Clock::now();
+  t.started_at = UnixSeconds();
   const double cpu_start = ThreadCpuSeconds();  // this thread only watches: it should nap
-  for (const auto& request : requests) send(request);
-  while (arrived_total() < expected) {
-    progress();
-    const uint64_t n = arrived_total();
+  for (const auto& request : requests_) Send(request);
+  while (ArrivedTotal() < expected_) {
+    Progress();
+    const uint64_t n = ArrivedTotal();
     if (n > 0)
-      progress_line.Update(n, n * options.page_size,
-                           std::chrono::duration<double>(Clock::now() - start).count());
+      progress_line_->Update(n, n * options_.page_size,
+                             std::chrono::duration<double>(Clock::now() - t.start).count());
   }
-  const std::map<std::string, uint64_t> wire_bytes = wire.Bytes();
-  const double seconds = std::chrono::duration<double>(last_arrival() - start).count();
-  const double main_cpu = ThreadCpuSeconds() - cpu_start;
-  progress_line.End();
-  while (done_count + refused_count < requests.size()) progress();  // the server's own clock
+  t.wire_bytes = wire.Bytes();
+  Clock::rep last = 0;
+  for (const auto& r : receivers_.threads) last = std::max(last, r->last_arrival.load());
+  t.seconds =
+      std::chrono::duration<double>(Clock::time_point{Clock::duration(last)} - t.start).count();
+  t.main_cpu = ThreadCpuSeconds() - cpu_start;
+  progress_line_->End();
+  while (done_count_ + refused_count_ < requests_.size()) Progress();  // the server's own clock
   // Every DONE comes after the server's last completion: its span fits inside this one.
-  const double until_done = std::chrono::duration<double>(Clock::now() - start).count();
-  send(wire::Bye{});
-  while (!mail.Idle()) progress();  // every message of ours has left
-  receivers.stop = true;
-  for (auto& r : receivers.threads) r->thread.join();
-  if (!refused.empty()) throw Error("the server refused " + refused);
-  std::vector<uint64_t> arrived(requests.size() + 1);
-  for (const auto& r : receivers.threads)
+  t.until_done = std::chrono::duration<double>(Clock::now() - t.start).count();
+  return t;
+}
+// BYE, the receivers stopped, and every request's WRITEs counted.
+void ClientSession::Finish() {
+  Send(wire::Bye{});
+  while (!mail_->Idle()) Progress();  // every message of ours has left
+  receivers_.stop = true;
+  for (auto& r : receivers_.threads) r->thread.join();
+  if (!refused_.empty()) throw Error("the server refused " + refused_);
+  std::vector<uint64_t> arrived(requests_.size() + 1);
+  for (const auto& r : receivers_.threads)
     for (size_t i = 1; i < arrived.size(); ++i) arrived[i] += r->arrived[i];
   for (size_t r = 1; r < arrived.size(); ++r) {
-    if (arrived[r] != requests[r - 1].pages.size() * options.repeat)
+    if (arrived[r] != requests_[r - 1].pages.size() * options_.repeat)
       throw Error("request " + std::to_string(r) + " received " + std::to_string(arrived[r]) +
                   " WRITEs");
   }
-
+}
+// Every page of every request, as it landed; returns the bytes verified.
+uint64_t ClientSession::Verify() {
   std::map<size_t, std::span<uint8_t>> views;
-  for (auto& [g, region] : regions) {
+  for (auto& [g, region] : regions_) {
     region.SyncFromNic();
     views[g] = region.HostView();
   }
-  if (options.test_corrupt)
-    views.begin()->second[requests[0].pages[0] * options.page_size + 1] ^= 0x5a;
+  if (options_.test_corrupt)
+    views.begin()->second[requests_[0].pages[0] * options_.page_size + 1] ^= 0x5a;
   std::vector<std::span<const uint8_t>> lane_views;
-  for (size_t l = 0; l < lanes.size(); ++l) lane_views.push_back(views.at(plan.group_of[l]));
+  for (size_t l = 0; l < lanes_.size(); ++l) lane_views.push_back(views.at(plan_.group_of[l]));
   uint64_t verified = 0;
-  for (const auto& request : requests)
+  for (const auto& request : requests_)
     verified += VerifyPages(lane_views, request.pages, request.page_size, request.seed);
-
+  return verified;
+}
+Summary ClientSession::Summarize(const Timing& t, uint64_t verified) {
   Summary summary;
-  summary.bytes = arrived_total() * options.page_size;
-  summary.writes = arrived_total();
-  summary.seconds = seconds;
-  summary.started_at = started_at;
-  summary.answered_seconds = until_done;
+  summary.bytes = ArrivedTotal() * options_.page_size;
+  summary.writes = ArrivedTotal();
+  summary.seconds = t.seconds;
+  summary.started_at = t.started_at;
+  summary.answered_seconds = t.until_done;
   summary.server_seconds =
-      static_cast<double>(served.last_completion_ns - served.first_post_ns) / 1e9;
-  summary.link_gbps = link_gbps;
+      static_cast<double>(served_.last_completion_ns - served_.first_post_ns) / 1e9;
+  summary.link_gbps = link_gbps_;
   summary.verified_bytes = verified;
-  summary.lanes = static_cast<int>(lanes.size());
-  summary.memory = MemoryWord(control.memory);
-  summary.memory_why = control.memory.why;
-  summary.server_setup_seconds = static_cast<double>(setup_ns) / 1e9;
-  summary.registered_bytes = registered;
-  summary.registration_seconds = std::chrono::duration<double>(registering).count();
-  summary.server_fill_seconds = static_cast<double>(served.fill_ns) / 1e9;
+  summary.lanes = static_cast<int>(lanes_.size());
+  summary.memory = MemoryWord(control_.memory);
+  summary.memory_why = control_.memory.why;
+  summary.server_setup_seconds = static_cast<double>(setup_ns_) / 1e9;
+  summary.registered_bytes = registered_;
+  summary.registration_seconds = std::chrono::duration<double>(registering_).count();
+  summary.server_fill_seconds = static_cast<double>(served_.fill_ns) / 1e9;
   // The first timed WRITE's arrival, from the first TRANSFER sent: what the warmup moves.
   Clock::rep first = 0;
-  for (const auto& r : receivers.threads)
+  for (const auto& r : receivers_.threads)
     if (r->first_arrival != 0 && (first == 0 || r->first_arrival < first)) first = r->first_arrival;
   if (first != 0)
     summary.first_write_seconds =
-        std::chrono::duration<double>(Clock::time_point{Clock::duration(first)} - start).count();
-  summary.ignored_messages = from_server.ignored();
-  summary.main_cpu_seconds = main_cpu;
+        std::chrono::duration<double>(Clock::time_point{Clock::duration(first)} - t.start).count();
+  summary.ignored_messages = from_server_.ignored();
+  summary.main_cpu_seconds = t.main_cpu;
   summary.receiver_cpu_seconds = 0;
-  for (const auto& r : receivers.threads) summary.receiver_cpu_seconds += r->cpu_seconds;
-  summary.receiver_threads = static_cast<int>(receivers.threads.size());
-  summary.emulated_write = emulated_write ? *emulated_write : -1;
-  summary.receiver_cq_entries = cq_entries;
-  watch_lanes();                               // each lane's WRITEs, as its receiver counted
-  for (size_t l = 0; l < lanes.size(); ++l) {  // lanes that share a NIC add up
-    const std::string name = domains[l];
+  for (const auto& r : receivers_.threads) summary.receiver_cpu_seconds += r->cpu_seconds;
+  summary.receiver_threads = static_cast<int>(receivers_.threads.size());
+  summary.emulated_write = emulated_write_ ? *emulated_write_ : -1;
+  summary.receiver_cq_entries = cq_entries_;
+  WatchLanes();                                 // each lane's WRITEs, as its receiver counted
+  for (size_t l = 0; l < lanes_.size(); ++l) {  // lanes that share a NIC add up
+    const std::string& name = domains_[l];
     auto nic = std::find_if(summary.nics.begin(), summary.nics.end(),
                             [&](const Summary::Nic& n) { return n.name == name; });
     if (nic == summary.nics.end()) {
-      auto w = wire_bytes.find(name);
+      auto w = t.wire_bytes.find(name);
       summary.nics.push_back(
-          {name, 0, w == wire_bytes.end() ? -1 : static_cast<long long>(w->second)});
+          {name, 0, w == t.wire_bytes.end() ? -1 : static_cast<long long>(w->second)});
       nic = summary.nics.end() - 1;
     }
-    nic->bytes += lane_seen[l] * options.page_size;
+    nic->bytes += lane_seen_[l] * options_.page_size;
   }
-  if (print && from_server.ignored() > 0) std::printf("%s\n", from_server.Describe().c_str());
+  if (print_ && from_server_.ignored() > 0) std::printf("%s\n", from_server_.Describe().c_str());
   const std::string problem =
-      ClockProblem(summary, std::chrono::duration<double>(Clock::now() - began).count());
+      ClockProblem(summary, std::chrono::duration<double>(Clock::now() - began_).count());
   if (!problem.empty()) throw Error("figures that cannot be true: " + problem);
   return summary;
+}
+Summary ClientSession::Run() {
+  Connect();
+  StartReceivers();
+  WarmUp();
+  WaitForStart();
+  const Timing timing = Transfer();
+  Finish();
+  const uint64_t verified = Verify();
+  return Summarize(timing, verified);
+}
+Summary RunSession(const Options& options, std::span<const uint8_t> peer, wire::Engine engine,
+                   bool warm, bool print) {
+  ClientSession session(options, peer, engine, warm, print);
+  return session.Run();
 }
 // The engine the client's switches ask for.
 wire::Engine EngineFromOptions(const Options& options) {

@@ -103,182 +103,190 @@ static void AddOff(CLI::App& app, const std::string& name, bool* value, const st
       name, [value] { *value = false; }, help);
 }
 
+static void AddTextOptions(CLI::App& app, Options& o) {
+  app.add_option("text", o.text, "Message the client sends")->capture_default_str();
+}
+static void AddServeOptions(CLI::App& app, Options& o) {
+  app.add_option("-p,--provider", o.provider,
+                 "libfabric provider: efa, verbs, tcp, shm, ... (default: first of efa, "
+                 "verbs;ofi_rxm, tcp;ofi_rxm that works here)");
+  app.add_option("--fabric", o.fabric,
+                 "libfabric fabric of the provider: for efa, efa (default: the full RDM "
+                 "protocol) or efa-direct (the device's own queues; see 07's README)");
+  app.add_option("--domain", o.domain, "libfabric domain (NIC) to use, e.g. lo or rdmap79s0");
+  app.add_option("--address-file", o.address_file,
+                 "Server: also write the address (hex) to this file (07 client: its lane "
+                 "addresses)");
+  AddSize(app, "--exit-after", &o.exit_after,
+          "Server: exit after serving this many clients (default 0: until SIGINT/SIGTERM)", "N");
+  AddSeconds(app, "--timeout", &o.timeout_s,
+             "Seconds to wait for the peer: a client for its server's answers, a server for "
+             "a client to take its messages");
+}
+static void AddTransferOptions(CLI::App& app, Options& o) {
+  AddSize(app, "--client-memory", &o.client_memory,
+          "Server: source memory a client's requests may hold at once; more is refused");
+  AddSize(app, "--server-memory", &o.server_memory,
+          "Server: source memory all clients' requests may hold at once; more is refused");
+  AddSize(app, "--max-clients", &o.max_clients,
+          "Server: clients connected at once; one more is refused with an ERROR (0: no limit)",
+          "N");
+  AddSeconds(app, "--peer-timeout", &o.peer_timeout_s,
+             "Server: drop a connected client with no sign of life (no message, no WRITE "
+             "completed) for this long");
+  app.add_option_function<std::string>(
+         "--memory",
+         [&o](const std::string& m) {
+           if (m == "host")
+             o.memory = MemoryKind::kHost;
+           else if (m == "cuda")
+             o.memory = MemoryKind::kCuda;
+           else if (m == "cuda-vmm")
+             o.memory = MemoryKind::kCudaVmm;
+           else
+             throw UsageError("invalid --memory '" + m + "' (use host, cuda or cuda-vmm)");
+         },
+         "Memory for the pages: host, cuda (cudaMalloc) or cuda-vmm (mapped in chunks by "
+         "the CUDA virtual memory API, as PyTorch's expandable segments; default: cuda when "
+         "a GPU is present)")
+      ->type_name("host|cuda|cuda-vmm");
+  app.add_option_function<std::string>(
+         "--gpu-path",
+         [&o](const std::string& m) {
+           if (m == "auto")
+             o.gpu_path = GpuPathMode::kAuto;
+           else if (m == "direct")
+             o.gpu_path = GpuPathMode::kDirect;
+           else if (m == "staged")
+             o.gpu_path = GpuPathMode::kStaged;
+           else
+             throw UsageError("invalid --gpu-path '" + m + "' (use auto, direct or staged)");
+         },
+         "GPU memory: direct (registered with the provider, which moves it), staged (through "
+         "pinned host memory), or auto: direct where the provider registers GPU memory "
+         "(default); the header line says which and why; direct where it cannot: exit 77")
+      ->type_name("auto|direct|staged");
+  AddSize(app, "-S,--page-size", &o.page_size, "Bytes per page (suffixes k, m, g)");
+  AddSize(app, "--pages", &o.pages, "Pages per TRANSFER request", "N");
+  AddSize(app, "--repeat", &o.repeat, "Times the page set is written", "N");
+  app.add_option("--seed", o.seed, "Seed of the page data and page choice")->capture_default_str();
+  app.add_flag("--test-bad-page", o.test_bad_page,
+               "Test only: ask for a page outside the region (the server must refuse)")
+      ->group("");
+  app.add_flag("--test-corrupt", o.test_corrupt,
+               "Test only: damage one received byte before verifying (must exit 1)")
+      ->group("");
+}
+static void AddWindowOptions(CLI::App& app, Options& o) {
+  AddSize(app, "-W,--window", &o.window, "WRITEs in flight at once: in all (05, 06), per lane (07)",
+          "N");
+  AddSize(app, "--requests", &o.requests, "TRANSFER requests in flight per client", "N");
+  AddSize(app, "--max-requests", &o.max_requests,
+          "Server: requests in flight per client, at most; one more is refused", "N");
+
+  app.add_flag("--json", o.json, "Print the summary as one JSON line");
+  app.add_option("--link-gbps", o.link_gbps,
+                 "Link rate for '% of link' when the provider cannot know it (tc shaping)")
+      ->check(CLI::PositiveNumber);  // CLI11 names the option and the value
+}
+static void AddWarmupOptions(CLI::App& app, Options& o) {
+  AddSize(app, "-w,--warmup", &o.warmup, "Untimed WRITEs per lane before the timed run", "N");
+  app.add_option_function<std::string>(
+         "--start-at",
+         [&o](const std::string& text) {
+           size_t used = 0;
+           double v = -1;
+           try {
+             v = std::stod(text, &used);
+           } catch (const std::exception&) {
+           }
+           if (used != text.size() || !(v > 0))
+             throw UsageError("invalid --start-at '" + text +
+                              "' (Unix seconds, as date +%s.%N prints them)");
+           o.start_at = v;
+         },
+         "Client: connect and warm up, then send the first timed request at this time (Unix "
+         "seconds, e.g. $(date -d '+5 sec' +%s.%N)), so that clients started one after "
+         "another are timed together; at most --timeout from the start")
+      ->type_name("TIME");
+}
+static void AddLaneOptions(CLI::App& app, Options& o) {
+  AddSize(app, "--nics", &o.nics,
+          "Lanes (NICs) to use (default 0: all NICs of the group; 07: of every group)", "N");
+  app.add_option_function<std::string>(
+         "--wait",
+         [&o](const std::string& m) {
+           if (m == "spin")
+             o.wait = WaitMode::kSpin;
+           else if (m == "block")
+             o.wait = WaitMode::kBlock;
+           else
+             throw UsageError("invalid --wait '" + m + "' (use spin or block)");
+         },
+         "Completion wait: spin (busy poll) or block (sleep in the CQs' wait fds); default: "
+         "block over tcp, whose kernel stack needs the CPUs, spin elsewhere")
+      ->type_name("spin|block");
+}
+static void AddEngineOptions(CLI::App& app, Options& o) {
+  AddOff(app, "--no-warmup", &o.warm, "Client: no untimed WRITEs on every lane first");
+  app.add_option("--progress-every", o.progress_every,
+                 "Client: seconds between progress lines, each with the rate since the last "
+                 "(default 0: each second on a terminal, every 5 s otherwise)")
+      ->check(CLI::NonNegativeNumber);
+  AddSize(app, "--threads", &o.threads,
+          "Data threads of the server's engine (default 0: one per topology group; 1: a single "
+          "thread); a client asks for them, and an idle server is rebuilt so",
+          "N");
+  AddOff(app, "--no-pin", &o.pin,
+         "The server's data threads are not pinned to cores (server: at start; client: asks)");
+  AddOff(app, "--no-shard", &o.shard,
+         "The server's threads share one locked state per client instead of their own "
+         "(server: at start; client: asks)");
+  AddSize(app, "--batch", &o.batch,
+          "Client: WRITEs the server prepares per lane each time round its posting loop (the "
+          "published ladder's batching; 1: one, then poll again)",
+          "N");
+  AddSize(app, "--doorbell", &o.doorbell,
+          "Client: WRITEs per doorbell: FI_MORE on all but the last of each group, so the "
+          "provider can ring the NIC once for them (1: every WRITE rings it; efa reads FI_MORE, "
+          "shm and tcp do not)",
+          "N");
+  AddOff(app, "--eager-post", &o.lazy,
+         "Client: the server posts each WRITE at once instead of from its CQ poll");
+  AddOff(app, "--no-numa", &o.numa,
+         "The server's memory is not bound to its threads' NUMA nodes (server: at start; "
+         "client: asks)");
+  app.add_flag("--ladder", o.ladder,
+               "Client: run once per rung of the optimization ladder, one table row each");
+  app.add_option("--test-claim", o.test_claim,
+                 "Test only: CONNECT with the lane addresses in this file (another client's, "
+                 "written by its --address-file); the server must refuse")
+      ->group("");
+}
+static void AddHostOptions(CLI::App& app, Options& o) {
+  app.add_option("--topology", o.topology,
+                 "Rehearse the machine this hwloc XML describes (tests/data/p5.xml: a p5): its "
+                 "GPUs group this host's NICs, which take its NICs' places in order, so the "
+                 "plan (groups, threads, cores) is the one made there; host memory, nothing "
+                 "bound")
+      ->check(CLI::ExistingFile);
+  app.add_flag("--check", o.check,
+               "Check this host instead (EFA devices, GPUs, peer memory, huge pages, memlock, "
+               "libfabric and its providers, GPU memory in it, the NICs of each GPU): one line "
+               "each, OK, WARN or FAIL with the fix; exit 0 when ready, 1 when not");
+}
 void AddOptions(CLI::App& app, Options& o, unsigned groups) {
   app.set_help_flag("-h,--help", "Print this help and exit");
   app.add_option("address", o.peer,
                  "Server address (the hex after 'addr:'); without it this program is the server");
-  if (groups & kTextOptions)
-    app.add_option("text", o.text, "Message the client sends")->capture_default_str();
-  if (groups & kServeOptions) {
-    app.add_option("-p,--provider", o.provider,
-                   "libfabric provider: efa, verbs, tcp, shm, ... (default: first of efa, "
-                   "verbs;ofi_rxm, tcp;ofi_rxm that works here)");
-    app.add_option("--fabric", o.fabric,
-                   "libfabric fabric of the provider: for efa, efa (default: the full RDM "
-                   "protocol) or efa-direct (the device's own queues; see 07's README)");
-    app.add_option("--domain", o.domain, "libfabric domain (NIC) to use, e.g. lo or rdmap79s0");
-    app.add_option("--address-file", o.address_file,
-                   "Server: also write the address (hex) to this file (07 client: its lane "
-                   "addresses)");
-    AddSize(app, "--exit-after", &o.exit_after,
-            "Server: exit after serving this many clients (default 0: until SIGINT/SIGTERM)", "N");
-    AddSeconds(app, "--timeout", &o.timeout_s,
-               "Seconds to wait for the peer: a client for its server's answers, a server for "
-               "a client to take its messages");
-  }
-  if (groups & kTransferOptions) {
-    AddSize(app, "--client-memory", &o.client_memory,
-            "Server: source memory a client's requests may hold at once; more is refused");
-    AddSize(app, "--server-memory", &o.server_memory,
-            "Server: source memory all clients' requests may hold at once; more is refused");
-    AddSize(app, "--max-clients", &o.max_clients,
-            "Server: clients connected at once; one more is refused with an ERROR (0: no limit)",
-            "N");
-    AddSeconds(app, "--peer-timeout", &o.peer_timeout_s,
-               "Server: drop a connected client with no sign of life (no message, no WRITE "
-               "completed) for this long");
-    app.add_option_function<std::string>(
-           "--memory",
-           [&o](const std::string& m) {
-             if (m == "host")
-               o.memory = MemoryKind::kHost;
-             else if (m == "cuda")
-               o.memory = MemoryKind::kCuda;
-             else if (m == "cuda-vmm")
-               o.memory = MemoryKind::kCudaVmm;
-             else
-               throw UsageError("invalid --memory '" + m + "' (use host, cuda or cuda-vmm)");
-           },
-           "Memory for the pages: host, cuda (cudaMalloc) or cuda-vmm (mapped in chunks by "
-           "the CUDA virtual memory API, as PyTorch's expandable segments; default: cuda when "
-           "a GPU is present)")
-        ->type_name("host|cuda|cuda-vmm");
-    app.add_option_function<std::string>(
-           "--gpu-path",
-           [&o](const std::string& m) {
-             if (m == "auto")
-               o.gpu_path = GpuPathMode::kAuto;
-             else if (m == "direct")
-               o.gpu_path = GpuPathMode::kDirect;
-             else if (m == "staged")
-               o.gpu_path = GpuPathMode::kStaged;
-             else
-               throw UsageError("invalid --gpu-path '" + m + "' (use auto, direct or staged)");
-           },
-           "GPU memory: direct (registered with the provider, which moves it), staged (through "
-           "pinned host memory), or auto: direct where the provider registers GPU memory "
-           "(default); the header line says which and why; direct where it cannot: exit 77")
-        ->type_name("auto|direct|staged");
-    AddSize(app, "-S,--page-size", &o.page_size, "Bytes per page (suffixes k, m, g)");
-    AddSize(app, "--pages", &o.pages, "Pages per TRANSFER request", "N");
-    AddSize(app, "--repeat", &o.repeat, "Times the page set is written", "N");
-    app.add_option("--seed", o.seed, "Seed of the page data and page choice")
-        ->capture_default_str();
-    app.add_flag("--test-bad-page", o.test_bad_page,
-                 "Test only: ask for a page outside the region (the server must refuse)")
-        ->group("");
-    app.add_flag("--test-corrupt", o.test_corrupt,
-                 "Test only: damage one received byte before verifying (must exit 1)")
-        ->group("");
-  }
-  if (groups & kWindowOptions) {
-    AddSize(app, "-W,--window", &o.window,
-            "WRITEs in flight at once: in all (05, 06), per lane (07)", "N");
-    AddSize(app, "--requests", &o.requests, "TRANSFER requests in flight per client", "N");
-    AddSize(app, "--max-requests", &o.max_requests,
-            "Server: requests in flight per client, at most; one more is refused", "N");
-
-    app.add_flag("--json", o.json, "Print the summary as one JSON line");
-    app.add_option("--link-gbps", o.link_gbps,
-                   "Link rate for '% of link' when the provider cannot know it (tc shaping)")
-        ->check(CLI::PositiveNumber);  // CLI11 names the option and the value
-  }
-  if (groups & kWarmupOptions) {
-    AddSize(app, "-w,--warmup", &o.warmup, "Untimed WRITEs per lane before the timed run", "N");
-    app.add_option_function<std::string>(
-           "--start-at",
-           [&o](const std::string& text) {
-             size_t used = 0;
-             double v = -1;
-             try {
-               v = std::stod(text, &used);
-             } catch (const std::exception&) {
-             }
-             if (used != text.size() || !(v > 0))
-               throw UsageError("invalid --start-at '" + text +
-                                "' (Unix seconds, as date +%s.%N prints them)");
-             o.start_at = v;
-           },
-           "Client: connect and warm up, then send the first timed request at this time (Unix "
-           "seconds, e.g. $(date -d '+5 sec' +%s.%N)), so that clients started one after "
-           "another are timed together; at most --timeout from the start")
-        ->type_name("TIME");
-  }
-  if (groups & kLaneOptions) {
-    AddSize(app, "--nics", &o.nics,
-            "Lanes (NICs) to use (default 0: all NICs of the group; 07: of every group)", "N");
-    app.add_option_function<std::string>(
-           "--wait",
-           [&o](const std::string& m) {
-             if (m == "spin")
-               o.wait = WaitMode::kSpin;
-             else if (m == "block")
-               o.wait = WaitMode::kBlock;
-             else
-               throw UsageError("invalid --wait '" + m + "' (use spin or block)");
-           },
-           "Completion wait: spin (busy poll) or block (sleep in the CQs' wait fds); default: "
-           "block over tcp, whose kernel stack needs the CPUs, spin elsewhere")
-        ->type_name("spin|block");
-  }
-  if (groups & kEngineOptions) {
-    AddOff(app, "--no-warmup", &o.warm, "Client: no untimed WRITEs on every lane first");
-    app.add_option("--progress-every", o.progress_every,
-                   "Client: seconds between progress lines, each with the rate since the last "
-                   "(default 0: each second on a terminal, every 5 s otherwise)")
-        ->check(CLI::NonNegativeNumber);
-    AddSize(app, "--threads", &o.threads,
-            "Data threads of the server's engine (default 0: one per topology group; 1: a single "
-            "thread); a client asks for them, and an idle server is rebuilt so",
-            "N");
-    AddOff(app, "--no-pin", &o.pin,
-           "The server's data threads are not pinned to cores (server: at start; client: asks)");
-    AddOff(app, "--no-shard", &o.shard,
-           "The server's threads share one locked state per client instead of their own "
-           "(server: at start; client: asks)");
-    AddSize(app, "--batch", &o.batch,
-            "Client: WRITEs the server prepares per lane each time round its posting loop (the "
-            "published ladder's batching; 1: one, then poll again)",
-            "N");
-    AddSize(app, "--doorbell", &o.doorbell,
-            "Client: WRITEs per doorbell: FI_MORE on all but the last of each group, so the "
-            "provider can ring the NIC once for them (1: every WRITE rings it; efa reads FI_MORE, "
-            "shm and tcp do not)",
-            "N");
-    AddOff(app, "--eager-post", &o.lazy,
-           "Client: the server posts each WRITE at once instead of from its CQ poll");
-    AddOff(app, "--no-numa", &o.numa,
-           "The server's memory is not bound to its threads' NUMA nodes (server: at start; "
-           "client: asks)");
-    app.add_flag("--ladder", o.ladder,
-                 "Client: run once per rung of the optimization ladder, one table row each");
-    app.add_option("--test-claim", o.test_claim,
-                   "Test only: CONNECT with the lane addresses in this file (another client's, "
-                   "written by its --address-file); the server must refuse")
-        ->group("");
-  }
-  if (groups & kHostOptions) {
-    app.add_option("--topology", o.topology,
-                   "Rehearse the machine this hwloc XML describes (tests/data/p5.xml: a p5): its "
-                   "GPUs group this host's NICs, which take its NICs' places in order, so the "
-                   "plan (groups, threads, cores) is the one made there; host memory, nothing "
-                   "bound")
-        ->check(CLI::ExistingFile);
-    app.add_flag("--check", o.check,
-                 "Check this host instead (EFA devices, GPUs, peer memory, huge pages, memlock, "
-                 "libfabric and its providers, GPU memory in it, the NICs of each GPU): one line "
-                 "each, OK, WARN or FAIL with the fix; exit 0 when ready, 1 when not");
-  }
+  if (groups & kTextOptions) AddTextOptions(app, o);
+  if (groups & kServeOptions) AddServeOptions(app, o);
+  if (groups & kTransferOptions) AddTransferOptions(app, o);
+  if (groups & kWindowOptions) AddWindowOptions(app, o);
+  if (groups & kWarmupOptions) AddWarmupOptions(app, o);
+  if (groups & kLaneOptions) AddLaneOptions(app, o);
+  if (groups & kEngineOptions) AddEngineOptions(app, o);
+  if (groups & kHostOptions) AddHostOptions(app, o);
 }
 
 void CheckRequestSize(const Options& options) {
