@@ -170,7 +170,7 @@ size_t Network::PollCompletion(const std::function<void(Op&, const fi_cq_data_en
   fi_cq_data_entry entries[kCqBatch];
   ssize_t n = fi_cq_read(cq.get(), entries, kCqBatch);
   if (n == -FI_EAGAIN) {
-    idle.Idle();  // nothing yet: spin a little, then nap (common/backoff.hpp)
+    idle.Idle();  // nothing yet: yield a little, then nap (common/backoff.hpp)
     return 0;
   }
   idle.Busy();

@@ -180,7 +180,7 @@ size_t Network::PollCompletion(
   fi_addr_t sources[kCqBatch];  // the sender's AV entry, or FI_ADDR_NOTAVAIL if not inserted
   ssize_t n = fi_cq_readfrom(cq.get(), entries, kCqBatch, sources);
   if (n == -FI_EAGAIN) {
-    idle.Idle();  // nothing yet: spin a little, then nap (common/backoff.hpp)
+    idle.Idle();  // nothing yet: yield a little, then nap (common/backoff.hpp)
     return 0;
   }
   idle.Busy();

@@ -96,7 +96,7 @@ class Network {
         },
         [&](const CompletionError& e) { on_error(OpOf(e.op_context), e); });
     if (n == 0)
-      idle.Idle();  // nothing yet: spin a little, then nap (common/backoff.hpp)
+      idle.Idle();  // nothing yet: yield a little, then nap (common/backoff.hpp)
     else
       idle.Busy();
     return n;

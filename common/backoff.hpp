@@ -1,11 +1,12 @@
-// An idle loop's manners, in every stage. A polling loop that finds nothing to do spins a
-// little, then sleeps, a little longer each idle round (1 us doubling to 64 us), so that it never
-// takes a whole core from whatever carries the data: the kernel's TCP stack over tcp, the peer
-// process over shm on a small machine. Any round with work resets it. 01-04 count a poll that
-// found no completion as idle; from 05 on, a round is idle only if it found nothing at all to do
-// (no completion, no message, nothing posted); 06 and 07 over tcp sleep in the CQ's wait fd
-// instead (--wait block). On a link of 1 Gbit/s a 64 KiB WRITE takes 500 us, so a 64 us nap costs
-// nothing; on shm, rounds are rarely idle long enough to nap at all.
+// An idle loop's manners, in every stage. A polling loop that finds nothing to do first yields
+// its core for a while (sched_yield: back at once where nothing else wants the core; where the
+// peer process or the kernel's TCP stack carries the data on the same cores, they run
+// meanwhile), then sleeps, a little longer each idle round (1 us doubling to 64 us). Any round
+// with work resets it. 01-04 count a poll that found no completion as idle; from 05 on, a round
+// is idle only if it found nothing at all to do (no completion, no message, nothing posted); 06
+// and 07 over tcp sleep in the CQ's wait fd instead (--wait block). On a link of 1 Gbit/s a
+// 64 KiB WRITE takes 500 us, so a 64 us nap costs nothing. Figures:
+// docs/2026-12-05-idle-manners.md.
 #pragma once
 
 #include <algorithm>
@@ -20,14 +21,17 @@ class IdleBackoff {
   explicit IdleBackoff(unsigned longest_shift = 6) : max_shift_(longest_shift) {}
   void Busy() { idle_ = 0; }
   void Idle() {
-    if (++idle_ <= kSpins) return;
-    const unsigned shift = idle_ - kSpins - 1;
+    if (++idle_ <= kYields) {
+      std::this_thread::yield();
+      return;
+    }
+    const unsigned shift = idle_ - kYields - 1;
     std::this_thread::sleep_for(
         std::chrono::microseconds(1u << (shift < max_shift_ ? shift : max_shift_)));
   }
 
  private:
-  static constexpr unsigned kSpins = 64;  // idle rounds spent spinning before the first nap
+  static constexpr unsigned kYields = 64;  // idle rounds that yield before the first nap
   unsigned max_shift_;
   unsigned idle_ = 0;
 };
@@ -35,9 +39,7 @@ class IdleBackoff {
 // A control thread's manners (07's service and its client's watcher, beside data threads that
 // spin): with nothing to do it sleeps 1 ms, doubling to 8 ms while it stays idle, and any round
 // with a message starts again at 1 ms. A message that comes while it sleeps waits at most 8 ms;
-// the data threads lose a core to it only for its wake-ups. Measured on 2 cores (07, one lane,
-// 4 KiB pages over shm, libfabric 2.6, 3 runs each): 1.12-1.14 M WRITEs/s with 1 ms naps,
-// 1.17-1.21 with 10 ms.
+// the data threads lose a core to it only for its wake-ups.
 class ControlNap {
  public:
   void Busy() { nap_ = kFirst; }
