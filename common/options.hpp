@@ -99,11 +99,11 @@ int ParseCommandLine(int argc, char** argv, const char* about, const char* progr
 // The same in two steps, for a tool that adds switches of its own to `app` in between.
 void AddOptions(CLI::App& app, Options& options, unsigned groups);
 
-// The options only a client has (07): its posting settings, sent in its CONNECT, named for
-// error messages. The engine's shape (--threads, --no-pin, --no-shard, --no-numa) is the
-// server's at start, and what a client asks for.
+// The options only a client has (07): its posting settings, sent in its CONNECT, and when it
+// starts (--start-at), named for error messages. The engine's shape (--threads, --no-pin,
+// --no-shard, --no-numa) is the server's at start, and what a client asks for.
 inline constexpr const char* kEngineOptionNames[] = {
-    "--no-warmup", "-w", "--batch", "--doorbell", "--eager-post", "--ladder", "-W"};
+    "--no-warmup", "-w", "--batch", "--doorbell", "--eager-post", "--ladder", "-W", "--start-at"};
 
 int ParseCommandLine(CLI::App& app, int argc, char** argv);
 

@@ -142,6 +142,7 @@ TEST_P(BadEngineInput, StartAtNotATimeOrTooFarOff) {
   // Further off than --timeout: the server would take the wait for silence.
   ExpectUsageError({"-p", "shm", "--start-at", "99999999999", "66695f73686d3a2f2f3100"},
                    "at most --timeout, 10 s");
+  ExpectUsageError({"-p", "shm", "--start-at", "1"}, "--start-at is a client option");  // a server
 }
 
 INSTANTIATE_TEST_SUITE_P(Stages, BadEngineInput, ::testing::Values("07_full_p5"));
