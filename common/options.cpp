@@ -68,11 +68,37 @@ const char* GpuPathName(GpuPathMode mode) {
   }
 }
 
+// The values a numeric option may take: what a server can actually serve, or a client ask.
+struct Range {
+  uint64_t lo = 0, hi = UINT64_MAX;
+};
+constexpr uint64_t kTiB = 1ull << 40;
+
+// 65536 as "64k", 1 TiB as "1t": as --help and ParseSize spell sizes.
+static std::string FormatSize(uint64_t v) {
+  const char* units = "kmgt";
+  int unit = -1;
+  while (unit < 3 && v >= 1024 && v % 1024 == 0) {
+    v /= 1024;
+    ++unit;
+  }
+  return std::to_string(v) + (unit >= 0 ? std::string(1, units[unit]) : "");
+}
+
 static void AddSize(CLI::App& app, const std::string& names, uint64_t* value,
-                    const std::string& help, const char* type = "SIZE") {
+                    const std::string& help, const char* type = "SIZE", Range range = {}) {
   std::string what = names.substr(names.rfind(',') + 1);
   auto* opt = app.add_option_function<std::string>(
-      names, [value, what](const std::string& text) { *value = ParseSize(text, what); }, help);
+      names,
+      [value, what, range, bytes = std::string(type) == "SIZE"](const std::string& text) {
+        const uint64_t v = ParseSize(text, what);
+        auto say = [bytes](uint64_t n) { return bytes ? FormatSize(n) : std::to_string(n); };
+        if (v < range.lo || v > range.hi)
+          throw UsageError("invalid " + what + " " + text + " (" + say(range.lo) + " to " +
+                           say(range.hi) + ")");
+        *value = v;
+      },
+      help);
   opt->type_name(type)->default_str(std::to_string(*value));
 }
 
@@ -118,19 +144,22 @@ static void AddServeOptions(CLI::App& app, Options& o) {
                  "Server: also write the address (hex) to this file (07 client: its lane "
                  "addresses)");
   AddSize(app, "--exit-after", &o.exit_after,
-          "Server: exit after serving this many clients (default 0: until SIGINT/SIGTERM)", "N");
+          "Server: exit after serving this many clients (default 0: until SIGINT/SIGTERM)", "N",
+          Range{0, 1ull << 32});
   AddSeconds(app, "--timeout", &o.timeout_s,
              "Seconds to wait for the peer: a client for its server's answers, a server for "
              "a client to take its messages");
 }
 static void AddTransferOptions(CLI::App& app, Options& o) {
   AddSize(app, "--client-memory", &o.client_memory,
-          "Server: source memory a client's requests may hold at once; more is refused");
+          "Server: source memory a client's requests may hold at once; more is refused", "SIZE",
+          Range{1, kTiB});
   AddSize(app, "--server-memory", &o.server_memory,
-          "Server: source memory all clients' requests may hold at once; more is refused");
+          "Server: source memory all clients' requests may hold at once; more is refused", "SIZE",
+          Range{1, kTiB});
   AddSize(app, "--max-clients", &o.max_clients,
-          "Server: clients connected at once; one more is refused with an ERROR (0: no limit)",
-          "N");
+          "Server: clients connected at once; one more is refused with an ERROR (0: no limit)", "N",
+          Range{0, 1u << 16});
   AddSeconds(app, "--peer-timeout", &o.peer_timeout_s,
              "Server: drop a connected client with no sign of life (no message, no WRITE "
              "completed) for this long");
@@ -179,10 +208,12 @@ static void AddTransferOptions(CLI::App& app, Options& o) {
 }
 static void AddWindowOptions(CLI::App& app, Options& o) {
   AddSize(app, "-W,--window", &o.window, "WRITEs in flight at once: in all (05, 06), per lane (07)",
-          "N");
-  AddSize(app, "--requests", &o.requests, "TRANSFER requests in flight per client", "N");
+          "N", Range{1, wire::kMaxWindow});
+  AddSize(app, "--requests", &o.requests, "TRANSFER requests in flight per client", "N",
+          Range{1, 1u << 16});
   AddSize(app, "--max-requests", &o.max_requests,
-          "Server: requests in flight per client, at most; one more is refused", "N");
+          "Server: requests in flight per client, at most; one more is refused", "N",
+          Range{1, 1u << 16});
 
   app.add_flag("--json", o.json, "Print the summary as one JSON line");
   app.add_option("--link-gbps", o.link_gbps,
@@ -190,7 +221,8 @@ static void AddWindowOptions(CLI::App& app, Options& o) {
       ->check(CLI::PositiveNumber);  // CLI11 names the option and the value
 }
 static void AddWarmupOptions(CLI::App& app, Options& o) {
-  AddSize(app, "-w,--warmup", &o.warmup, "Untimed WRITEs per lane before the timed run", "N");
+  AddSize(app, "-w,--warmup", &o.warmup, "Untimed WRITEs per lane before the timed run", "N",
+          Range{0, wire::kMaxRepeat});
   app.add_option_function<std::string>(
          "--start-at",
          [&o](const std::string& text) {
@@ -212,7 +244,8 @@ static void AddWarmupOptions(CLI::App& app, Options& o) {
 }
 static void AddLaneOptions(CLI::App& app, Options& o) {
   AddSize(app, "--nics", &o.nics,
-          "Lanes (NICs) to use (default 0: all NICs of the group; 07: of every group)", "N");
+          "Lanes (NICs) to use (default 0: all NICs of the group; 07: of every group)", "N",
+          Range{0, wire::kMaxLanes});
   app.add_option_function<std::string>(
          "--wait",
          [&o](const std::string& m) {
@@ -236,7 +269,7 @@ static void AddEngineOptions(CLI::App& app, Options& o) {
   AddSize(app, "--threads", &o.threads,
           "Data threads of the server's engine (default 0: one per topology group; 1: a single "
           "thread); a client asks for them, and an idle server is rebuilt so",
-          "N");
+          "N", Range{0, wire::kMaxLanes});
   AddOff(app, "--no-pin", &o.pin,
          "The server's data threads are not pinned to cores (server: at start; client: asks)");
   AddOff(app, "--no-shard", &o.shard,
@@ -245,12 +278,12 @@ static void AddEngineOptions(CLI::App& app, Options& o) {
   AddSize(app, "--batch", &o.batch,
           "Client: WRITEs the server prepares per lane each time round its posting loop (the "
           "published ladder's batching; 1: one, then poll again)",
-          "N");
+          "N", Range{1, wire::kMaxBatch});
   AddSize(app, "--doorbell", &o.doorbell,
           "Client: WRITEs per doorbell: FI_MORE on all but the last of each group, so the "
           "provider can ring the NIC once for them (1: every WRITE rings it; efa reads FI_MORE, "
           "shm and tcp do not)",
-          "N");
+          "N", Range{1, wire::kMaxWindow});
   AddOff(app, "--eager-post", &o.lazy,
          "Client: the server posts each WRITE at once instead of from its CQ poll");
   AddOff(app, "--no-numa", &o.numa,

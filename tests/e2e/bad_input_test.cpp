@@ -98,9 +98,30 @@ TEST_P(BadTransferInput, UnknownMemoryKind) {
   ExpectUsageError({"--memory", "gpu"}, "invalid --memory 'gpu'");
 }
 
+// A server started with a limit it cannot serve by (every request refused, every client
+// refused, a size past any host) says so and exits 2, instead of starting.
+TEST_P(BadTransferInput, ServerLimitsOutOfRange) {
+  ExpectUsageError({"-p", "shm", "--server-memory", "0"}, "invalid --server-memory 0 (1 to 1t)");
+  ExpectUsageError({"-p", "shm", "--client-memory", "2t"}, "invalid --client-memory 2t (1 to 1t)");
+  ExpectUsageError({"-p", "shm", "--max-clients", "4294967297"},
+                   "invalid --max-clients 4294967297 (0 to 65536)");
+}
+
 INSTANTIATE_TEST_SUITE_P(Stages, BadTransferInput,
                          ::testing::Values("03_gpudirect_write", "04_concurrent", "05_queuing",
                                            "06_multi_nic", "07_full_p5"));
+
+class BadWindowInput : public BadInput {};
+
+// --max-requests 0 would refuse every request; a window of 0 would post nothing.
+TEST_P(BadWindowInput, ZeroRequestsOrWindow) {
+  ExpectUsageError({"-p", "shm", "--max-requests", "0"}, "invalid --max-requests 0 (1 to 65536)");
+  ExpectUsageError({"-p", "shm", "-W", "0"}, "invalid --window 0 (1 to 65536)");
+}
+
+INSTANTIATE_TEST_SUITE_P(Stages, BadWindowInput,
+                         ::testing::Values("04_concurrent", "05_queuing", "06_multi_nic",
+                                           "07_full_p5"));
 
 class BadLaneInput : public BadInput {};
 
