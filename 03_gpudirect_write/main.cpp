@@ -431,9 +431,8 @@ int ServerMain(const Options& options) {
   // While a transfer runs, its client leaving (a BYE waiting in the inbox) or failing ends it.
   auto left = [&](fi_addr_t client) {
     for (const auto& m : inbox)
-      if (m.source == client && m.bytes.size() >= sizeof(wire::Header) &&
-          m.bytes[6] == static_cast<uint8_t>(wire::MessageType::kBye) && clients.count(client) &&
-          wire::TokenOf(m.bytes) == clients[client].session)
+      if (m.source == client && wire::TypeOf(m.bytes) == wire::MessageType::kBye &&
+          clients.count(client) && wire::TokenOf(m.bytes) == clients[client].session)
         return true;
     return lost.count(client) > 0;
   };

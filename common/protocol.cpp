@@ -233,6 +233,13 @@ uint32_t TokenOf(std::span<const uint8_t> bytes) {
   return h.token;
 }
 
+std::optional<MessageType> TypeOf(std::span<const uint8_t> bytes) {
+  if (bytes.size() < sizeof(Header)) return std::nullopt;
+  Header h;
+  std::memcpy(&h, bytes.data(), sizeof(h));
+  return static_cast<MessageType>(h.type);
+}
+
 uint32_t NewToken() {
   static thread_local std::mt19937 random{std::random_device{}()};
   uint32_t token = 0;

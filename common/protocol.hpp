@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <variant>
@@ -147,6 +148,8 @@ Message Decode(std::span<const uint8_t> bytes, uint32_t* token = nullptr);
 
 // The header's token of `bytes`, without decoding the rest; 0 when they hold no header.
 uint32_t TokenOf(std::span<const uint8_t> bytes);
+// The header's message type of `bytes`, without decoding the rest (nullopt: no header).
+std::optional<MessageType> TypeOf(std::span<const uint8_t> bytes);
 
 // A random token for a CONNECT or a session, never 0 (what a message without one carries).
 uint32_t NewToken();

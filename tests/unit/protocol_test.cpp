@@ -111,6 +111,17 @@ TEST(Protocol, TokenTravelsInTheHeader) {
   }
 }
 
+// A message's type and token are read from its header alone (03 looks for a BYE waiting in its
+// inbox without decoding it).
+TEST(Protocol, TypeAndTokenOfAHeaderAlone) {
+  const std::vector<uint8_t> bye = Encode(Bye{}, 7);
+  EXPECT_EQ(TypeOf(bye), MessageType::kBye);
+  EXPECT_EQ(TokenOf(bye), 7u);
+  EXPECT_EQ(TypeOf(Encode(SampleTransfer())), MessageType::kTransfer);
+  EXPECT_EQ(TypeOf(std::span(bye).first(sizeof(Header) - 1)), std::nullopt);
+  EXPECT_EQ(TokenOf(std::span(bye).first(sizeof(Header) - 1)), 0u);
+}
+
 TEST(Protocol, NewTokensAreNeverZeroAndDiffer) {
   std::set<uint32_t> seen;
   for (int i = 0; i < 1000; ++i) {
