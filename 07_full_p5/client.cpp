@@ -102,9 +102,6 @@ struct Receiver {
   std::atomic<uint64_t> rounds{0};
   std::atomic<bool> reading{false};
   std::atomic<pid_t> tid{0};
-  // <rung pin>
-  CoreWatch core;  // the main thread's: whether something else took its core (engine.hpp)
-  // </rung pin>
   double cpu_seconds = 0;  // its CPU time, written as it ends (read after join)
   std::thread thread;
 };
@@ -557,17 +554,6 @@ void ClientSession::Progress() {
   const uint64_t now_seen = ArrivedTotal();
   if (n > 0 || now_seen != seen_ || InsideProvider()) last_progress_ = Clock::now();
   WatchLanes();
-  // <rung pin>
-  if ((engine_.flags & wire::kEnginePin) && IsThisSystem(topology_))
-    for (size_t i = 0; i < receivers_.threads.size(); ++i) {
-      Receiver& r = *receivers_.threads[i];
-      if (!r.cpu || r.tid == 0) continue;
-      if (std::string moved = r.core.Check(r.tid, *r.cpu, given_); !moved.empty() && print_) {
-        std::printf("receiving thread %zu: %s\n", i, moved.c_str());
-        std::fflush(stdout);
-      }
-    }
-  // </rung pin>
   seen_ = now_seen;
   // The receivers count the data; this thread only watches, so it naps unless a control
   // message came (a spinning watcher takes a core from the lanes on a small machine).

@@ -55,26 +55,6 @@ inline constexpr uint32_t kWarmupRequest = 0xffffffff;  // the id of the untimed
 // meanwhile (Session::Poll). A live lane completes a WRITE every few microseconds, a 1 Gbit/s
 // one a 64 KiB WRITE every 0.5 ms.
 inline constexpr auto kStallTold = std::chrono::seconds(5);
-// <rung pin>
-// A pinned thread cannot leave its core: when something else takes that core (a real-time
-// task, a busy host, a vCPU the hypervisor does not run), it waits on the core's run queue and
-// no other core can help. Watched once a second by a thread that only watches (the server's
-// service thread, the client's main thread): one kept off its core over the last second
-// (common::KeptOffCore: ran under 10% of it, and queued or runnable all along) is moved to the
-// other given cores, once, for the rest of its session: let back onto its core a second
-// later, it was queued there again behind the same task (docs/failure-modes.md, "A core that
-// is taken").
-class CoreWatch {
- public:
-  // The line to print when it moved thread `tid` off `cpu` ("" otherwise); call it often.
-  std::string Check(pid_t tid, unsigned cpu, const std::vector<unsigned>& given);
-
- private:
-  Clock::time_point window_ = Clock::now();
-  std::optional<CoreSample> first_, last_;  // the first sample: where steal time is counted from
-  bool moved_ = false;                      // once: moved off its core, or refused
-};
-// </rung pin>
 
 // One posted operation. libfabric hands `context` back in the completion (FI_CONTEXT2 mode
 // reserves it for the provider), and from it we find the whole Op again.
@@ -269,7 +249,7 @@ struct Worker {
   std::vector<size_t> pool_of;  // per lane of the thread: its group's pool
   HostBuffer staging;  // GPU memory: a share's pages are filled here, then copied in one go
   std::vector<std::vector<uint8_t>> writers;  // per lane: our endpoint's address
-  std::vector<std::vector<Op*>> riders;  // per lane: posted WRITEs that report no completion
+  std::vector<std::vector<Op*>> riders;       // per lane: posted WRITEs that report no completion
   // The clients it serves, in turn from `next` (PostWrites), and the shares waiting for room
   // in its source memory, in order of arrival (PlaceShares).
   std::vector<PeerSlot*> slots;
@@ -291,9 +271,6 @@ struct Worker {
   // The control thread's: the rounds it saw last, and when (a thread stuck in the provider).
   uint64_t rounds_seen = 0;
   Clock::time_point seen_at = Clock::now();
-  // <rung pin>
-  CoreWatch core;  // the control thread's: whether something else took its core
-  // </rung pin>
   std::atomic<bool> ready{false}, exited{false}, stop{false};
   std::string failure;  // why it could not open (read once exited)
   std::atomic<pid_t> tid{0};
@@ -314,9 +291,9 @@ struct SharedState {
 struct PeerSlot {
   Peer* peer = nullptr;
   Worker* worker = nullptr;
-  size_t lanes_used = 0;          // the thread's first lanes that the client has
-  std::vector<fi_addr_t> dest;    // per lane used: the client's entry in that lane's AV
-  std::vector<Op> ops;            // its window on these lanes (--shard)
+  size_t lanes_used = 0;        // the thread's first lanes that the client has
+  std::vector<fi_addr_t> dest;  // per lane used: the client's entry in that lane's AV
+  std::vector<Op> ops;          // its window on these lanes (--shard)
   std::vector<Op*> free_ops;
   // Per lane: its WRITEs prepared and not yet posted, and whether some went out with FI_MORE
   // and no doorbell yet. A queue per client, so that posts refused for one (a peer whose
@@ -369,13 +346,13 @@ struct Peer : service::Session {
   std::string asked;      // the shape it asked for, where the engine has another
   SharedState shared;     // before the slots: --no-shard's window
   std::vector<std::unique_ptr<PeerSlot>> slots;  // per thread that drives one of its lanes
-  std::mutex mutex;  // guards failure and finished
+  std::mutex mutex;                              // guards failure and finished
   std::string failure;
   std::vector<wire::Done> finished;
   // What its NICs sent on the wire while it was connected (their own counters; other
   // clients' traffic on the same NICs included): beside the bytes it wrote.
   std::unique_ptr<WireBytes> wire;
-  uint64_t reservation = 0;  // its part of the engine's --server-memory
+  uint64_t reservation = 0;                        // its part of the engine's --server-memory
   std::optional<Clock::time_point> leaving_since;  // when Leave was first called
   bool stuck = false;
 };
@@ -408,10 +385,10 @@ struct Engine : service::Engine {
   WaitMode wait;
   MemoryPath memory;
   Shape shape;
-  uint64_t pool_per_lane = 0;   // source memory per lane (--server-memory over the lanes)
-  uint64_t reserved = 0;        // what the connected clients asked for (--server-memory)
-  size_t peers = 0;             // clients connected, or never freed (a stuck leave)
-  size_t stuck_leaves = 0;      // clients whose WRITEs never completed as they left
+  uint64_t pool_per_lane = 0;  // source memory per lane (--server-memory over the lanes)
+  uint64_t reserved = 0;       // what the connected clients asked for (--server-memory)
+  size_t peers = 0;            // clients connected, or never freed (a stuck leave)
+  size_t stuck_leaves = 0;     // clients whose WRITEs never completed as they left
   Cores cores;
   std::vector<std::unique_ptr<Worker>> workers;
   std::vector<size_t> owner;  // per lane: the worker that drives it

@@ -118,36 +118,6 @@ std::string Whereabouts(PeerSlot& slot) {
 
 }  // namespace
 
-// <rung pin>
-std::string CoreWatch::Check(pid_t tid, unsigned cpu, const std::vector<unsigned>& given) {
-  const auto now = Clock::now();
-  if (moved_ || given.size() < 2 || now - window_ < std::chrono::seconds(1)) return "";
-  const double window = std::chrono::duration<double>(now - window_).count();
-  window_ = now;
-  const auto sample = SampleCore(tid, cpu);
-  if (!sample) return "";
-  if (!first_) first_ = sample;
-  const std::string kept = last_ ? KeptOffCore(*last_, *sample, window) : "";
-  const auto before = last_;
-  last_ = sample;
-  if (kept.empty()) return "";
-  // Off that core: a mask that still held it would leave the thread queued there.
-  std::vector<unsigned> others;
-  for (unsigned c : given)
-    if (c != cpu) others.push_back(c);
-  std::string why;
-  const bool off = BindThreadTo(others, why, tid);
-  moved_ = true;
-  char steal[120];
-  std::snprintf(steal, sizeof steal,
-                "; the hypervisor took %.2f s of cpu %u since the thread was pinned (steal time)",
-                sample->steal_s - first_->steal_s, cpu);
-  return "kept off its core (cpu " + std::to_string(cpu) + "): " + kept + "; cpu " +
-         std::to_string(cpu) + " meanwhile: " + CpuSplit(*before, *sample) + steal +
-         (off ? "; it runs on cpus " + FormatCpuList(others) + " from now on"
-              : "; it stays pinned: " + why);
-}
-// </rung pin>
 // <rung threads>
 size_t ThreadsFor(uint32_t asked, const Plan& plan, size_t lanes) {
   size_t threads = asked;
@@ -299,9 +269,8 @@ service::Session::Report Peer::Poll() {
           std::to_string(w.refused.load(std::memory_order_relaxed) - slot.refused_at_completion) +
           " posts (-FI_EAGAIN)" + Whereabouts(slot));
     }
-    report.last_completion =
-        std::max(report.last_completion,
-                 Clock::time_point{Clock::duration(slot.last_completion.load())});
+    report.last_completion = std::max(
+        report.last_completion, Clock::time_point{Clock::duration(slot.last_completion.load())});
   }
   return report;
 }
@@ -381,8 +350,9 @@ std::string Peer::Totals() const {
   if (std::any_of(slots.begin(), slots.end(), [](const auto& s) {
         return s->left.load(std::memory_order_acquire) && s->entries_kept;
       }))
-    text += "; its entries stay in the lanes' AVs: no WRITE reached it, and libfabric 1.x's shm "
-            "cannot remove a peer it never reached";
+    text +=
+        "; its entries stay in the lanes' AVs: no WRITE reached it, and libfabric 1.x's shm "
+        "cannot remove a peer it never reached";
   if (still > 0)  // a thread that has not let it go has not said what it did
     text += " (and " + std::to_string(still) + " thread" + (still == 1 ? "" : "s") +
             " still holding WRITEs of its in the provider)";
@@ -485,9 +455,8 @@ void Engine::Build(const Shape& wanted) {
   const double open_s = std::max(options.timeout_s, 60.0);
   const auto deadline = Clock::now() + std::chrono::duration<double>(open_s);
   auto opened = [&] {
-    return std::all_of(workers.begin(), workers.end(), [](const auto& w) {
-      return w->ready.load() || w->exited.load();
-    });
+    return std::all_of(workers.begin(), workers.end(),
+                       [](const auto& w) { return w->ready.load() || w->exited.load(); });
   };
   while (!opened() && Clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -608,8 +577,7 @@ std::unique_ptr<service::Session> Engine::Open(const wire::Connect& connect) {
   return p;
 }
 // Once a round: a thread that has not gone round for --peer-timeout is stuck inside a
-// provider call, and the engine cannot go on without it; a pinned thread something else kept
-// off its core is moved (CoreWatch).
+// provider call, and the engine cannot go on without it.
 service::Engine::Report Engine::Watch() {
   Report report;
   const auto limit = std::chrono::duration<double>(options.peer_timeout_s);
@@ -624,18 +592,15 @@ service::Engine::Report Engine::Watch() {
       report.fatal = "data thread " + std::to_string(w.index) + " ended: " + w.failure;
     else if (report.fatal.empty() && Clock::now() - w.seen_at > limit)
       report.fatal = "data thread " + std::to_string(w.index) + " has been stuck in the " +
-                     "provider for " + FormatSeconds(Clock::now() - w.seen_at) + "; it is now " + WhereIs(w.tid);
-    // <rung pin>
-    if (shape.pin && w.cpu && !w.exited && w.tid != 0 && IsThisSystem(topology))
-      if (std::string moved = w.core.Check(w.tid, *w.cpu, cores.given); !moved.empty())
-        report.lines.push_back("thread " + std::to_string(w.index) + ": " + moved);
-    // </rung pin>
+                     "provider for " + FormatSeconds(Clock::now() - w.seen_at) + "; it is now " +
+                     WhereIs(w.tid);
   }
   // After a thread stuck in the provider (above), which may be why the leave stuck.
   if (report.fatal.empty() && stuck_leaves > 0 && CompletesInOrder(*plan.lanes[0]))
-    report.fatal = "a client left WRITEs in flight that never complete, and libfabric 1.17's shm "
-                   "completes a lane's WRITEs in order: none would complete again (README.md, "
-                   "\"Which provider keeps which promise\")";
+    report.fatal =
+        "a client left WRITEs in flight that never complete, and libfabric 1.17's shm "
+        "completes a lane's WRITEs in order: none would complete again (README.md, "
+        "\"Which provider keeps which promise\")";
   return report;
 }
 

@@ -300,63 +300,6 @@ bool BindThreadTo(const std::vector<unsigned>& cpus, std::string& why, pid_t tid
   return false;
 }
 
-std::optional<CoreSample> SampleCore(pid_t tid, unsigned cpu) {
-  const std::string task = "/proc/self/task/" + std::to_string(tid);
-  CoreSample s;
-  unsigned long long ran = 0, queued = 0;
-  std::ifstream schedstat(task + "/schedstat");
-  if (!(schedstat >> ran >> queued)) return std::nullopt;
-  s.ran_s = static_cast<double>(ran) / 1e9;
-  s.queued_s = static_cast<double>(queued) / 1e9;
-  std::ifstream stat(task + "/stat");
-  std::string line;
-  std::getline(stat, line);
-  if (const size_t name_end = line.rfind(')');
-      name_end != std::string::npos && name_end + 2 < line.size())
-    s.state = line[name_end + 2];  // "pid (name) S ...": the name may hold spaces and ')'
-  std::ifstream status(task + "/status");
-  while (std::getline(status, line))
-    if (line.rfind("voluntary_ctxt_switches:", 0) == 0) s.waits = std::atoll(line.c_str() + 24);
-  std::ifstream all("/proc/stat");
-  const std::string name = "cpu" + std::to_string(cpu);
-  while (std::getline(all, line))
-    if (line.rfind(name + " ", 0) == 0) {
-      std::istringstream fields(line.substr(name.size()));
-      unsigned long long ticks[8] = {};  // user nice system idle iowait irq softirq steal
-      for (auto& t : ticks) fields >> t;
-      const double tick = 1.0 / static_cast<double>(sysconf(_SC_CLK_TCK));
-      s.user_s = static_cast<double>(ticks[0] + ticks[1]) * tick;
-      s.system_s = static_cast<double>(ticks[2]) * tick;
-      s.idle_s = static_cast<double>(ticks[3] + ticks[4]) * tick;
-      s.interrupts_s = static_cast<double>(ticks[5] + ticks[6]) * tick;
-      s.steal_s = static_cast<double>(ticks[7]) * tick;
-    }
-  return s;
-}
-
-std::string CpuSplit(const CoreSample& before, const CoreSample& now) {
-  char words[160];
-  std::snprintf(words, sizeof words,
-                "user %.2f s, system %.2f s, interrupts %.2f s, idle %.2f s, steal %.2f s",
-                now.user_s - before.user_s, now.system_s - before.system_s,
-                now.interrupts_s - before.interrupts_s, now.idle_s - before.idle_s,
-                now.steal_s - before.steal_s);
-  return words;
-}
-
-std::string KeptOffCore(const CoreSample& before, const CoreSample& now, double window_s) {
-  const double ran = now.ran_s - before.ran_s, queued = now.queued_s - before.queued_s;
-  const bool runnable = before.state == 'R' && now.state == 'R' && now.waits == before.waits;
-  if (!(ran < 0.1 * window_s && (queued > 0.8 * window_s || runnable))) return "";
-  char words[240];
-  std::snprintf(words, sizeof words,
-                "it ran %.3f s of the last %.2f s%s, and %.2f s of waiting on the run queue ended "
-                "(the kernel counts a wait when it ends)",
-                ran, window_s,
-                runnable ? ", runnable all along (state R) and waiting for nothing" : "", queued);
-  return words;
-}
-
 std::string FormatCpuList(const std::vector<unsigned>& cpus) {
   std::string out;
   for (size_t i = 0; i < cpus.size();) {

@@ -100,31 +100,6 @@ std::vector<unsigned> ControlCpus(const std::vector<unsigned>& given,
 // false and why where refused.
 bool BindThreadTo(const std::vector<unsigned>& cpus, std::string& why, pid_t tid = 0);
 
-// How thread `tid` of this process gets its CPU, as the kernel says (proc(5)), read by a thread
-// that watches it: time on a CPU and time waiting on a run queue (schedstat, kernels with
-// schedstats; a wait is added when it ends, so a thread still waiting shows none of it), its
-// state (R: running or runnable), how many times it gave up its CPU to wait for something
-// (status's voluntary_ctxt_switches), and where the time of `cpu` went (/proc/stat: user and
-// nice, system, interrupts (irq and softirq), idle and iowait, and steal, the time the
-// hypervisor ran something else while that vCPU had work). nullopt without schedstat.
-struct CoreSample {
-  double ran_s = 0, queued_s = 0;
-  char state = '?';
-  long long waits = 0;
-  double user_s = 0, system_s = 0, interrupts_s = 0, idle_s = 0, steal_s = 0;
-};
-std::optional<CoreSample> SampleCore(pid_t tid, unsigned cpu);
-// Where the cpu's time went between two samples: "user 0.98 s, system 0.01 s, interrupts
-// 0.00 s, idle 0.00 s, steal 0.00 s". Busy with user work: other tasks had the cpu; idle: the
-// thread was not waiting for that cpu at all.
-std::string CpuSplit(const CoreSample& before, const CoreSample& now);
-// Whether two samples `window_s` apart show the thread kept off its core: it ran less than
-// 10% of the window, and it either waited on the run queue more than 80% of it or was
-// runnable at both samples without waiting for anything between them (how a wait that has
-// not ended shows: a thread queued behind a task that never lets go, or on a vCPU that does
-// not run). The words for a line ("it ran 0.020 s of the last 1.01 s ..."); "" when not.
-std::string KeptOffCore(const CoreSample& before, const CoreSample& now, double window_s);
-
 // "0-11", "0-3,8,10-11"
 std::string FormatCpuList(const std::vector<unsigned>& cpus);
 

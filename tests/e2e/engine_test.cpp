@@ -320,9 +320,9 @@ TEST_P(Engine, StalledWritesAreToldOnce) {
                      {"--memory", "host", "--nics", "2", "--peer-timeout", "60"});
   ASSERT_FALSE(server.address().empty());
   Process paused =
-      StartClient(server.address(), {"--memory", "host", "--nics", "2", "-S", "64k", "--pages",
-                                     "256", "--repeat", "200", "--timeout", "60",
-                                     "--progress-every", "0.5"});  // 2.5 s in all, idle
+      StartClient(server.address(),
+                  {"--memory", "host", "--nics", "2", "-S", "64k", "--pages", "256", "--repeat",
+                   "200", "--timeout", "60", "--progress-every", "0.5"});  // 2.5 s in all, idle
   ASSERT_TRUE(WaitForOutput(paused, "progress:", 60s)) << paused.Output() << "--- the server:\n"
                                                        << server.process().Output();
   paused.Signal(SIGSTOP);
@@ -381,8 +381,7 @@ TEST_P(Engine, AnotherClientsRegionIsNeverGiven) {
     *std::find(claim.begin(), claim.end(), "30") = patience;  // its --timeout
     Result thief = RunClient(kStage, provider(), server.address(), claim);
     EXPECT_EQ(thief.exit_code, 1) << thief.out << thief.err;
-    EXPECT_NE(thief.err.find("no answer from the server within " + patience +
-                             " s to our CONNECT"),
+    EXPECT_NE(thief.err.find("no answer from the server within " + patience + " s to our CONNECT"),
               std::string::npos)
         << thief.err;
     // One line, under one number, though the thief sent its CONNECT again every 0.5 s.
@@ -414,113 +413,8 @@ TEST_P(Engine, AnotherClientsRegionIsNeverGiven) {
   }
 }
 
-// The single CPU that the thread of `pid` named `name` (07 names its data and receiving
-// threads) is bound to; -1 while there is no such thread or it is not bound to one CPU.
-int PinnedCpuOf(pid_t pid, const std::string& name) {
-  const std::string dir = "/proc/" + std::to_string(pid) + "/task";
-  std::error_code error;
-  for (const auto& task : std::filesystem::directory_iterator(dir, error)) {
-    std::string comm, line, cpus;
-    std::getline(std::ifstream(task.path() / "comm"), comm);
-    if (comm != name) continue;
-    std::ifstream status(task.path() / "status");
-    while (std::getline(status, line))
-      if (line.rfind("Cpus_allowed_list:", 0) == 0)
-        cpus = line.substr(line.find_last_of("\t ") + 1);
-    if (cpus.empty() || cpus.find_first_of(",-") != std::string::npos) return -1;
-    return std::stoi(cpus);
-  }
-  return -1;
-}
-
-// Takes `cpu` with a real-time task (chrt -f 1) until `told` shows in `watched`'s output or
-// 30 s pass (*seen: whether it showed): its thread may wait for work a while before it is
-// queued behind the task, and each window of the watch is a second. Everything else shares
-// the one core left: a loaded CI host took over 10 s to say it. The process is the spinner
-// itself (chrt and taskset exec it): killed here, or by Process's destructor should an assertion
-// end the test first. Empty when the task ran; else why not (a host or container that refuses
-// real-time tasks).
-std::string TakeCoreUntil(int cpu, const Process& watched, const std::string& told, bool* seen) {
-  Process hog({"/usr/bin/chrt", "-f", "1", "taskset", "-c", std::to_string(cpu), "sh", "-c",
-               "while :; do :; done"});
-  for (int i = 0; i < 100 && sched_getscheduler(hog.pid()) != SCHED_FIFO; ++i)
-    std::this_thread::sleep_for(10ms);  // chrt sets it, then execs taskset and sh
-  if (sched_getscheduler(hog.pid()) != SCHED_FIFO) {
-    Result r = hog.Wait(10s);
-    return "chrt -f 1 did not make a real-time task here: " + r.err;
-  }
-  *seen = WaitForOutput(watched, told, 30s);
-  hog.Signal(SIGKILL);
-  hog.Wait(10s);
-  return "";
-}
-
-// A pinned thread whose core something else takes (here a real-time task on it, as a host
-// that does not run that vCPU would): it waits on that core's run queue, is moved to the
-// other cores with a line that says so, and the client's pages are all verified. Without
-// this, a CI host ran a server's data thread for 0 s in 10 (state R, on cpu 0) and its client
-// was dropped. The server's data thread, then the client's receiving thread. Needs root
-// (chrt -f) and two CPUs; its own meson test, alone (tests/meson.build).
-class CoreTaken : public ::testing::TestWithParam<std::string> {};
-TEST_P(CoreTaken, APinnedThreadIsMovedOffACoreSomethingElseTook) {
-  if (geteuid() != 0 || sysconf(_SC_NPROCESSORS_ONLN) < 2 || access("/usr/bin/chrt", X_OK) != 0)
-    GTEST_SKIP() << "needs root, /usr/bin/chrt and two CPUs";
-  const bool server_side = GetParam() == "server";
-  StageServer server(kStage, "shm", 1, {"--memory", "host", "--peer-timeout", "30"});
-  ASSERT_FALSE(server.address().empty());
-  std::vector<std::string> argv = {StageBinary(kStage)};
-  for (auto& a : ProviderArgs("shm")) argv.push_back(a);
-  for (auto& a : std::vector<std::string>{server.address(), "--memory", "host", "-S", "64k",
-                                          "--pages", "256", "--repeat", "150", "--timeout", "60"})
-    argv.push_back(a);
-  Process client(argv);
-  // Its core is taken as soon as the thread is pinned: a fast host (the H200) ends the whole
-  // transfer within 2 s of the first progress line.
-  int cpu = -1;
-  for (const auto end = std::chrono::steady_clock::now() + 60s;
-       cpu < 0 && std::chrono::steady_clock::now() < end;) {
-    cpu = PinnedCpuOf(server_side ? server.process().pid() : client.pid(),
-                      server_side ? "07 data 0" : "07 recv 0");
-    if (cpu < 0) std::this_thread::sleep_for(5ms);
-  }
-  ASSERT_GE(cpu, 0) << "no pinned thread" << client.Output() << server.process().Output();
-  const std::string who = std::string(server_side ? "engine: thread 0" : "receiving thread 0") +
-                          ": kept off its core (cpu " + std::to_string(cpu) + "): it ran ";
-  bool told = false;
-  const std::string refused =
-      TakeCoreUntil(cpu, server_side ? server.process() : client, who, &told);
-  if (!refused.empty()) GTEST_SKIP() << refused;
-  const std::string log = server_side ? server.process().Output() : client.Output();
-  ASSERT_TRUE(told) << "cpu " << cpu << " taken\n" << log;
-  const std::string line = log.substr(log.find(who), log.find('\n', log.find(who)) - log.find(who));
-  // Behind a real-time task, which leaves the rest 5% of a core: it ran under 10% of the
-  // window, and wanted to run all along (the client's spinning thread, here) or queued most of
-  // it (the server's, which also waits for a lock now and then).
-  const double window = DecimalAfter(line, " s of the last ");
-  EXPECT_LT(DecimalAfter(line, ": it ran "), 0.1 * window) << line;
-  EXPECT_TRUE(line.find(", runnable all along (state R) and waiting for nothing, and ") !=
-                  std::string::npos ||
-              DecimalAfter(line, ", and ") > 0.8 * window)
-      << line;
-  EXPECT_NE(line.find(" s of waiting on the run queue ended"), std::string::npos) << line;
-  // Where that cpu's time went meanwhile: to the real-time task's loop, user time.
-  EXPECT_GT(DecimalAfter(line, " meanwhile: user "), 0.5 * window) << line;
-  EXPECT_NE(line.find(" since the thread was pinned (steal time); it runs on cpus "),
-            std::string::npos)
-      << line;
-  EXPECT_EQ(line.find(std::to_string(cpu) + " from now on"), std::string::npos) << line;
-  Result r = client.Wait(120s);
-  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
-  EXPECT_EQ(NumberAfter(r.out, "verified "), 256LL * 65536 * 4);  // 4 requests
-  Result done = server.Wait();
-  EXPECT_EQ(done.exit_code, 0) << done.err;
-  // (The server's thread is the engine's, pinned before any client came: it may have been
-  // moved before this one connected, so the client's line need not count the move.)
-}
-INSTANTIATE_TEST_SUITE_P(Threads, CoreTaken, ::testing::Values("server", "client"));
-
 // Which stall lines say a data thread was held (the tests that try again once).
-TEST(StallLine, HeldOnlyWhenAThreadDidNotGoRoundPostedNothingOrWasKeptOffItsCore) {
+TEST(StallLine, HeldOnlyWhenAThreadDidNotGoRoundOrPostedNothing) {
   const std::string held =
       "client 1: thread 0: no WRITE has completed for 5 s, 33 owed; since its last completion "
       "it went round 0 times and the provider refused 0 posts (-FI_EAGAIN); since then it used "
@@ -536,15 +430,6 @@ TEST(StallLine, HeldOnlyWhenAThreadDidNotGoRoundPostedNothingOrWasKeptOffItsCore
   EXPECT_EQ(HeldDataThreadLine(paused + "\nclient 1 done: 10 WRITEs\n"), "");
   EXPECT_EQ(HeldDataThreadLine(paused + "\n" + held + "\n"), held);
   EXPECT_EQ(HeldDataThreadLine("client 1 done: 10 WRITEs\n"), "");
-  // A thread moved off a core that something else took, in the server's log or the client's.
-  const std::string kept =
-      "receiving thread 0: kept off its core (cpu 1): it ran 0.020 s of the last 1.01 s, and "
-      "19.48 s of waiting on the run queue ended (the kernel counts a wait when it ends); the "
-      "hypervisor took 0.00 s of cpu 1 since the thread was pinned (steal time); it runs on "
-      "cpus 0 from now on";
-  EXPECT_EQ(HeldDataThreadLine("progress: 0.9 s, 26.1% done\n" + kept + "\n"), kept);
-  EXPECT_EQ(HeldDataThreadLine(paused + "\nclient 1: thread 0: " + kept.substr(20)),
-            "client 1: thread 0: " + kept.substr(20));
 }
 
 // A client with more lanes than the server: refused with the two counts, and a client with

@@ -73,6 +73,9 @@ for r in $rungs; do
   "$root/scripts/rung-diff" "$r" --below "$below" || fail "rung $r: the rung below was not written"
   "$root/scripts/rung-diff" "$r" >"$tmp/$r.diff" || fail "rung $r: no diff"
   lines=$(grep -c '^[-+][^-+]' "$tmp/$r.diff")
+  # 07's README cites each rung's size: it must be this one.
+  grep -qE "(^|: | )$r $lines[,)]" "$root/07_full_p5/README.md" ||
+    fail "rung $r: $lines lines changed, but 07_full_p5/README.md cites another figure"
   build_below "$below" || fail "rung $r: the rung below does not build"
   bin=$below/07_full_p5.bin
   "$bin" --help >/dev/null || fail "rung $r: the rung below's --help exits $?"
@@ -94,10 +97,13 @@ $(cat "$tmp/server.out")"
   timeout 30 tail --pid="$server" -f /dev/null || fail "rung $r: the rung below's server did not end"
   wait "$server" || fail "rung $r: the rung below's server exited $?: $(cat "$tmp/server.out")"
   server=
-  # The diff, applied to the rung below, gives 07_full_p5 back.
+  # The diff shows no marker line, and, applied to the rung below, gives 07_full_p5 back but
+  # for this rung's markers.
+  ! grep -E '^[-+] *// </?(rung|without) ' "$tmp/$r.diff" || fail "rung $r: the diff shows marker lines"
   patch -s -p1 -d "$below" <"$tmp/$r.diff" || fail "rung $r: the diff does not apply"
   for f in "$root"/07_full_p5/*.cpp "$root"/07_full_p5/*.hpp; do
-    cmp -s "$f" "$below/07_full_p5/$(basename "$f")" || fail "rung $r: patched, $(basename "$f") differs from 07's"
+    grep -v -E "^ *// (<rung $r>|</rung $r>|<without $r> )" "$f" |
+      cmp -s - "$below/07_full_p5/$(basename "$f")" || fail "rung $r: patched, $(basename "$f") differs from 07's"
   done
   echo "rung $r: $lines lines changed; the rung below built and verified 524288 bytes; the diff applies"
 done

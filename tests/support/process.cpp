@@ -182,7 +182,6 @@ std::string HeldDataThreadLine(const std::string& log) {
     const size_t end = std::min(log.find('\n', begin), log.size());
     const std::string line = log.substr(begin, end - begin);
     begin = end + 1;
-    if (line.find(": kept off its core (cpu ") != std::string::npos) return line;
     if (line.find("no WRITE has completed for ") != std::string::npos &&
         (line.find("went round 0 times") != std::string::npos ||
          line.find("none in flight") != std::string::npos))

@@ -82,12 +82,9 @@ double DecimalAfter(const std::string& text, const std::string& key);
 
 // The line of a 07 log that says a data thread was held while its client lived: the server's
 // stall line (docs/failure-modes.md, "When WRITEs stop completing") when the thread did not go
-// round its loop, or had a share to write and nothing in flight; or a server's or client's
-// line that a thread was kept off its core and moved ("A core that is taken"). "" when the
-// log has none. Held 3-20 s now and then on a loaded host (both libfabrics; never on demand):
-// queued on a core that something else took (state R, 0 s of CPU), which 07 now moves it off
-// (CoreWatch), but a held thread is not what the tests that call this test: they try their
-// scenario again once, and say so. (Named for what the lines say, not for their cause.)
+// round its loop, or had a share to write and nothing in flight. "" when the log has none. A
+// loaded host can hold a pinned thread off its core for seconds; a held thread is not what the
+// tests that call this test: they try their scenario again once, and say so.
 std::string HeldDataThreadLine(const std::string& log);
 
 // Provider arguments for a test: tcp is pinned to the loopback domain, so nothing leaves
