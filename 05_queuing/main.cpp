@@ -581,8 +581,9 @@ int ServerMain(const Options& options) {
         // Answered only once one comes from the address it names: an address that has not
         // spoken is never sent to (docs/wire-protocol.md, "Answering only who spoke").
         if (m.source != client) {
-          std::printf(
-              "a CONNECT not from the address it names: answered once one comes from there\n");
+          if (known)      // a client's first CONNECT comes from no client of ours: said only
+            std::printf(  // when a connected client names another address
+                "a CONNECT not from the address it names: answered once one comes from there\n");
           if (!clients.count(client)) departed.emplace(client, Clock::now());
           for (fi_addr_t old : departures.Unverified(client))  // the oldest leave the AV now
             if (departed.erase(old)) {

@@ -325,7 +325,9 @@ void Service::Handle(Received m) {
 // never sent to (docs/wire-protocol.md, "Answering only who spoke").
 bool Service::SpokeFromThere(fi_addr_t id, fi_addr_t source) {
   if (source == id) return true;
-  std::printf("a CONNECT not from the address it names: answered once one comes from there\n");
+  if (by_source_.count(source))  // a client's first CONNECT comes from no client of ours:
+    std::printf(                 // said only when a connected client names another address
+        "a CONNECT not from the address it names: answered once one comes from there\n");
   if (!by_source_.count(id)) departed_.emplace(id, Clock::now());
   for (fi_addr_t old : departures_.Unverified(id))  // the oldest leave the AV now
     if (departed_.erase(old)) {

@@ -143,10 +143,12 @@ TEST_P(Hostile, ConnectNamingNobody) {
   Result attack = server.Attack("connect-nowhere");
   ASSERT_EQ(attack.exit_code, 0) << attack.out << attack.err;
   // Over shm the name is refused before it reaches the AV (nobody created it in /dev/shm);
-  // over tcp the address goes in and waits for a CONNECT of its own that never comes.
-  const char* expected = provider() == "shm" ? "dropped a CONNECT: no shm endpoint is named"
-                                             : "a CONNECT not from the address it names";
-  ASSERT_TRUE(WaitForOutput(server.process(), expected, 20s)) << server.process().Output();
+  // over tcp the address goes in and waits, silently, for a CONNECT of its own that never
+  // comes, as a client's first CONNECT does.
+  if (provider() == "shm") {
+    ASSERT_TRUE(WaitForOutput(server.process(), "dropped a CONNECT: no shm endpoint is named", 20s))
+        << server.process().Output();
+  }
   server.ExpectServed();
   server.Stop();
 }
