@@ -8,6 +8,8 @@
 #include <cctype>
 #include <cstdio>
 #include <limits>
+#include <utility>
+#include <vector>
 
 namespace common {
 
@@ -123,6 +125,30 @@ static void AddSeconds(CLI::App& app, const std::string& names, double* value,
   opt->type_name("SECONDS")->default_str(std::to_string(*value).substr(0, 4));
 }
 
+// An option that takes one of a few words, each standing for a value: anything else is refused
+// with the words ("invalid --wait 'maybe' (use spin or block)").
+template <typename T>
+static void AddChoice(CLI::App& app, const std::string& name, T* value,
+                      std::vector<std::pair<std::string, T>> choices, const std::string& help) {
+  std::string words, names;
+  for (size_t i = 0; i < choices.size(); ++i) {
+    words += (i == 0 ? "" : i + 1 == choices.size() ? " or " : ", ") + choices[i].first;
+    names += (i == 0 ? "" : "|") + choices[i].first;
+  }
+  app.add_option_function<std::string>(
+         name,
+         [=](const std::string& m) {
+           for (const auto& [word, v] : choices)
+             if (m == word) {
+               *value = v;
+               return;
+             }
+           throw UsageError("invalid " + name + " '" + m + "' (use " + words + ")");
+         },
+         help)
+      ->type_name(names);
+}
+
 // A switch that turns something off: --no-pin sets *value to false.
 static void AddOff(CLI::App& app, const std::string& name, bool* value, const std::string& help) {
   app.add_flag_callback(
@@ -163,38 +189,20 @@ static void AddTransferOptions(CLI::App& app, Options& o) {
   AddSeconds(app, "--peer-timeout", &o.peer_timeout_s,
              "Server: drop a connected client with no sign of life (no message, no WRITE "
              "completed) for this long");
-  app.add_option_function<std::string>(
-         "--memory",
-         [&o](const std::string& m) {
-           if (m == "host")
-             o.memory = MemoryKind::kHost;
-           else if (m == "cuda")
-             o.memory = MemoryKind::kCuda;
-           else if (m == "cuda-vmm")
-             o.memory = MemoryKind::kCudaVmm;
-           else
-             throw UsageError("invalid --memory '" + m + "' (use host, cuda or cuda-vmm)");
-         },
-         "Memory for the pages: host, cuda (cudaMalloc) or cuda-vmm (mapped in chunks by "
-         "the CUDA virtual memory API, as PyTorch's expandable segments; default: cuda when "
-         "a GPU is present)")
-      ->type_name("host|cuda|cuda-vmm");
-  app.add_option_function<std::string>(
-         "--gpu-path",
-         [&o](const std::string& m) {
-           if (m == "auto")
-             o.gpu_path = GpuPathMode::kAuto;
-           else if (m == "direct")
-             o.gpu_path = GpuPathMode::kDirect;
-           else if (m == "staged")
-             o.gpu_path = GpuPathMode::kStaged;
-           else
-             throw UsageError("invalid --gpu-path '" + m + "' (use auto, direct or staged)");
-         },
-         "GPU memory: direct (registered with the provider, which moves it), staged (through "
-         "pinned host memory), or auto: direct where the provider registers GPU memory "
-         "(default); the header line says which and why; direct where it cannot: exit 77")
-      ->type_name("auto|direct|staged");
+  AddChoice(app, "--memory", &o.memory,
+            {{"host", MemoryKind::kHost},
+             {"cuda", MemoryKind::kCuda},
+             {"cuda-vmm", MemoryKind::kCudaVmm}},
+            "Memory for the pages: host, cuda (cudaMalloc) or cuda-vmm (mapped in chunks by "
+            "the CUDA virtual memory API, as PyTorch's expandable segments; default: cuda when "
+            "a GPU is present)");
+  AddChoice(app, "--gpu-path", &o.gpu_path,
+            {{"auto", GpuPathMode::kAuto},
+             {"direct", GpuPathMode::kDirect},
+             {"staged", GpuPathMode::kStaged}},
+            "GPU memory: direct (registered with the provider, which moves it), staged (through "
+            "pinned host memory), or auto: direct where the provider registers GPU memory "
+            "(default); the header line says which and why; direct where it cannot: exit 77");
   AddSize(app, "-S,--page-size", &o.page_size, "Bytes per page (suffixes k, m, g)");
   AddSize(app, "--pages", &o.pages, "Pages per TRANSFER request", "N");
   AddSize(app, "--repeat", &o.repeat, "Times the page set is written", "N");
@@ -246,19 +254,9 @@ static void AddLaneOptions(CLI::App& app, Options& o) {
   AddSize(app, "--nics", &o.nics,
           "Lanes (NICs) to use (default 0: all NICs of the group; 07: of every group)", "N",
           Range{0, wire::kMaxLanes});
-  app.add_option_function<std::string>(
-         "--wait",
-         [&o](const std::string& m) {
-           if (m == "spin")
-             o.wait = WaitMode::kSpin;
-           else if (m == "block")
-             o.wait = WaitMode::kBlock;
-           else
-             throw UsageError("invalid --wait '" + m + "' (use spin or block)");
-         },
-         "Completion wait: spin (busy poll) or block (sleep in the CQs' wait fds); default: "
-         "block over tcp, whose kernel stack needs the CPUs, spin elsewhere")
-      ->type_name("spin|block");
+  AddChoice(app, "--wait", &o.wait, {{"spin", WaitMode::kSpin}, {"block", WaitMode::kBlock}},
+            "Completion wait: spin (busy poll) or block (sleep in the CQs' wait fds); default: "
+            "block over tcp, whose kernel stack needs the CPUs, spin elsewhere");
 }
 static void AddEngineOptions(CLI::App& app, Options& o) {
   AddOff(app, "--no-warmup", &o.warm, "Client: no untimed WRITEs on every lane first");

@@ -286,7 +286,7 @@ std::vector<unsigned> ControlCpus(const std::vector<unsigned>& given,
   return free.empty() ? given : free;
 }
 
-bool BindThreadTo(const std::vector<unsigned>& cpus, std::string& why, pid_t tid) {
+bool BindThreadTo(const std::vector<unsigned>& cpus, std::string& why) {
   cpu_set_t set;
   CPU_ZERO(&set);
   for (unsigned c : cpus)
@@ -295,7 +295,7 @@ bool BindThreadTo(const std::vector<unsigned>& cpus, std::string& why, pid_t tid
     why = "no CPU to bind to";
     return false;
   }
-  if (sched_setaffinity(tid, sizeof(set), &set) == 0) return true;
+  if (sched_setaffinity(0, sizeof(set), &set) == 0) return true;
   why = "sched_setaffinity(CPU " + FormatCpuList(cpus) + "): " + std::strerror(errno);
   return false;
 }

@@ -96,9 +96,9 @@ std::vector<unsigned> CpusWithin(const std::vector<unsigned>& group,
 // given ones when the data threads hold every one (then it shares, and naps).
 std::vector<unsigned> ControlCpus(const std::vector<unsigned>& given,
                                   const std::vector<unsigned>& pinned);
-// Binds the calling thread (or thread `tid` of this process) to `cpus` (sched_setaffinity);
+// Binds the calling thread to `cpus` (sched_setaffinity);
 // false and why where refused.
-bool BindThreadTo(const std::vector<unsigned>& cpus, std::string& why, pid_t tid = 0);
+bool BindThreadTo(const std::vector<unsigned>& cpus, std::string& why);
 
 // "0-11", "0-3,8,10-11"
 std::string FormatCpuList(const std::vector<unsigned>& cpus);
