@@ -33,7 +33,6 @@
 #include "backoff.hpp"
 #include "completion.hpp"
 #include "cuda_memory.hpp"
-#include "departures.hpp"
 #include "error.hpp"
 #include "fabric_handles.hpp"
 #include "host_buffer.hpp"
@@ -44,6 +43,8 @@
 #include "program.hpp"
 #include "protocol.hpp"
 #include "provider.hpp"
+#include "provider_watch.hpp"
+#include "reception.hpp"
 #include "registration.hpp"
 
 using namespace common;
@@ -244,6 +245,7 @@ void Network::PostRecv(Op& op) {
 bool Network::PostSend(Op& op, fi_addr_t dest) {
   op.kind = OpKind::kSend;
   op.peer = dest;
+  const InProvider inside("fi_send");  // spins for good on a dead shm peer's lock
   ssize_t rc = fi_send(ep.get(), op.buffer, op.length, op.desc, dest, &op.context);
   if (rc == -FI_EAGAIN) return false;
   FI_CHECK(rc);
@@ -255,6 +257,7 @@ bool Network::PostWrite(Op& op, fi_addr_t dest, const wire::RemoteRegion& region
                         uint32_t immediate) {
   op.kind = OpKind::kWrite;
   op.peer = dest;
+  const InProvider inside("fi_writedata");  // spins for good on a dead shm peer's lock
   ssize_t rc = fi_writedata(ep.get(), op.buffer, op.length, op.desc, immediate, dest,
                             region.address + offset, region.key, &op.context);
   if (rc == -FI_EAGAIN) return false;
@@ -265,6 +268,8 @@ bool Network::PostWrite(Op& op, fi_addr_t dest, const wire::RemoteRegion& region
 // The control messages: receives kept posted, and a queue of messages to send that never
 // makes us wait (common/mailbox.hpp).
 using Mail = Mailbox<Network, Op>;
+// The server's front desk: admission, tokens, departures and limits (common/reception.hpp).
+using Desk = Reception<Network, Op>;
 
 void PrintHeader(const char* role, const Network& net) {
   std::printf("%s %s: provider %s, domain %s, pages in %s\n", kProgram, role,
@@ -272,19 +277,6 @@ void PrintHeader(const char* role, const Network& net) {
               DescribeMemoryPath(net.memory).c_str());
   std::fflush(stdout);
 }
-
-// What the server keeps for each connected client.
-struct Client {
-  wire::RemoteRegion region;
-  uint32_t session = 0;           // the token its messages carry (docs/wire-protocol.md)
-  uint32_t nonce = 0;             // its CONNECT's token: a CONNECT again with it is a repeat
-  Clock::time_point last_seen{};  // its last message, or the end of its last transfer
-};
-
-struct Received {
-  std::vector<uint8_t> bytes;
-  fi_addr_t source;
-};
 
 // The one TRANSFER being served: its source pages, registered, and its WRITEs. It outlives
 // an abandoned transfer while the provider still holds some of its WRITEs.
@@ -301,12 +293,12 @@ struct Request {
 };
 
 // Fills the request's source pages from its seed and registers them.
-std::unique_ptr<Request> PrepareRequest(Network& net, const Client& client, fi_addr_t dest,
+std::unique_ptr<Request> PrepareRequest(Network& net, const Desk::Client& client, fi_addr_t dest,
                                         wire::Transfer transfer) {
   const size_t count = transfer.pages.size(), page_size = transfer.page_size;
   auto r = std::make_unique<Request>();
   r->client = dest;
-  r->region = client.region;
+  r->region = client.regions[0];
   r->transfer = std::move(transfer);
   r->source = PageBuffer(count * page_size, net.memory, 0, Pages::kSmall);  // for one request
   HostBuffer staging;  // GPU memory is filled here first
@@ -356,21 +348,20 @@ int ServerMain(const Options& options) {
   InstallStopHandlers(kProgram);
   Network net = Network::Open(options, {}, ResolveMemory(options.memory));
   PrintHeader("server", net);
-  const std::vector<uint8_t> own_address = net.Address();
-  PublishAddress(own_address, options.address_file);
   const auto limit =
       std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(options.timeout_s));
-  const auto peer_timeout = std::chrono::duration_cast<Clock::duration>(
-      std::chrono::duration<double>(options.peer_timeout_s));
 
   Mail mail(net, kRecvDepth, kRecvDepth);
-  Departures departures(net.av.get(), *net.info, own_address);  // peers leave the AV here
-  std::map<fi_addr_t, Client> clients;
-  std::deque<Received> inbox;
-  std::vector<std::unique_ptr<Request>> draining;   // given up, WRITEs still in the provider
-  std::map<fi_addr_t, std::string> lost;            // clients an operation failed for
-  std::map<fi_addr_t, Clock::time_point> departed;  // AV entries to remove once idle
-  uint64_t served = 0;
+  std::vector<std::unique_ptr<Request>> draining;  // given up, WRITEs still in the provider
+  // Who is a client and who stops being one (common/reception.hpp, README "The front desk").
+  Desk::Hooks hooks;
+  hooks.busy = [&](fi_addr_t peer) {
+    for (const auto& r : draining)
+      if (r->client == peer && r->source.size() > 0) return true;
+    return false;
+  };
+  Desk desk(net, mail, options, hooks);
+  PublishAddress(desk.own_address(), options.address_file);
   auto on_done = [&](Op* op, const fi_cq_data_entry& done, fi_addr_t source) {
     if (op == nullptr) return;  // the server receives no remote writes
     if (op->kind == OpKind::kSend) mail.Sent(op);
@@ -380,11 +371,10 @@ int ServerMain(const Options& options) {
       op->request->last_completion = Clock::now();
     }
     if (op->kind != OpKind::kRecv) return;
-    // Handled later by the main loop, so a message never interrupts a transfer half-way.
-    inbox.push_back({{op->buffer, op->buffer + done.len}, source});
+    desk.Received({op->buffer, done.len}, source);
     net.PostRecv(*op);
   };
-  // A failed operation concerns one peer: the main loop drops that peer and carries on.
+  // A failed operation concerns one peer: the desk drops that peer and we carry on.
   auto on_error = [&](Op* op, const CompletionError& error) {
     if (op == nullptr) {
       std::printf("a peer's operation on our memory failed: %s\n", error.text.c_str());
@@ -397,47 +387,17 @@ int ServerMain(const Options& options) {
         --op->request->in_flight;
         op->request->failure = "a WRITE failed: " + error.text;
       }
-      lost.emplace(op->peer, error.text);
+      desk.Lost(op->peer, error.text);
     }
     std::fflush(stdout);
   };
   // Completions, then the messages waiting to go out; a peer that takes none is lost.
   auto progress = [&] {
     net.PollCompletion(on_done, on_error);
-    for (fi_addr_t peer : mail.Flush(limit)) lost.emplace(peer, "does not take our messages");
-  };
-  // A client that leaves, or is dropped, leaves our AV only once nothing of ours is on its
-  // way to it (removing a peer with operations in flight crashes some providers), or when
-  // `limit` has passed (rxm then closes the connection, and what it held fails back to us).
-  auto forget = [&](fi_addr_t client) {
-    if (clients.erase(client)) ++served;
-    departed.emplace(client, Clock::now());
-  };
-  auto drop = [&](fi_addr_t client, const std::string& why) {
-    if (clients.count(client))
-      std::printf("client %llu lost: %s\n", static_cast<unsigned long long>(client), why.c_str());
-    mail.Forget(client);
-    forget(client);
-  };
-  auto busy = [&](fi_addr_t peer) {
-    for (const auto& r : draining)
-      if (r->client == peer && r->source.size() > 0) return true;
-    return mail.Busy(peer);
-  };
-  auto refuse = [&](fi_addr_t dest, uint32_t request_id, const std::string& why) {
-    std::printf("client %llu: refused: %s\n", static_cast<unsigned long long>(dest), why.c_str());
-    mail.Send(dest, wire::ErrorReply{request_id, why});
-  };
-  // While a transfer runs, its client leaving (a BYE waiting in the inbox) or failing ends it.
-  auto left = [&](fi_addr_t client) {
-    for (const auto& m : inbox)
-      if (m.source == client && wire::TypeOf(m.bytes) == wire::MessageType::kBye &&
-          clients.count(client) && wire::TokenOf(m.bytes) == clients[client].session)
-        return true;
-    return lost.count(client) > 0;
+    for (fi_addr_t peer : mail.Flush(limit)) desk.Lost(peer, "does not take our messages");
   };
 
-  while (!StopRequested() && (options.exit_after == 0 || served < options.exit_after)) {
+  while (desk.Open()) {
     progress();
     std::erase_if(draining, [](const auto& r) { return r->in_flight == 0; });
     for (auto& r : draining) {  // shm never completes a WRITE to a process that died
@@ -448,132 +408,42 @@ int ServerMain(const Options& options) {
       r->mr.reset();
       r->source = PageBuffer();  // the request stays, small, for completions that may come
     }
-    for (const auto& [client, why] : lost) drop(client, why);
-    lost.clear();
-    for (auto& [client, c] : clients)  // vanished without BYE: its place is not held for good
-      if (Clock::now() - c.last_seen > peer_timeout)
-        lost.emplace(client, "silent for " + std::to_string(options.peer_timeout_s) + " s");
-    std::erase_if(departed, [&](const auto& d) {
-      if ((busy(d.first) || departures.Waiting(d.first)) && Clock::now() - d.second < limit)
-        return false;
-      mail.Forget(d.first);  // nothing may be posted to an address that left the AV
-      departures.Remove(d.first);
-      return true;
-    });
-    while (!inbox.empty()) {
-      Received m = std::move(inbox.front());
-      inbox.pop_front();
-      const auto name = static_cast<unsigned long long>(m.source);
-      const bool known = m.source != FI_ADDR_NOTAVAIL && clients.count(m.source);
-      // A connected client's messages carry its session token: one without it is a
-      // stranger's that the provider credited to this client (docs/wire-protocol.md).
-      const bool genuine = known && wire::TokenOf(m.bytes) == clients[m.source].session;
-      wire::Message message;
-      uint32_t token = 0;
+    desk.Tend();
+    while (auto request = desk.Next()) {
+      const fi_addr_t client = request->client;
+      const auto name = static_cast<unsigned long long>(client);
+      std::unique_ptr<Request> r;
       try {
-        message = wire::Decode(m.bytes, &token);
-      } catch (const wire::ProtocolError& e) {
-        if (genuine)
-          refuse(m.source, 0, e.what());
-        else
-          std::printf("dropped a message: %s\n", e.what());
+        const std::string why = OverLimits(options, request->transfer, 0, 0, 0);
+        if (!why.empty()) throw Error(why);
+        r = PrepareRequest(net, *desk.Find(client), client, std::move(request->transfer));
+      } catch (const std::exception& e) {  // over a limit, or no memory for it
+        desk.Refuse(client, request->transfer.request_id, e.what());
         continue;
       }
-      if (wire::IsServerMessage(message)) {  // answering one could start an endless exchange
-        std::printf("dropped a server's message from %s: a server never answers one\n",
-                    known ? ("client " + std::to_string(name)).c_str() : "a stranger");
-      } else if (auto* connect = std::get_if<wire::Connect>(&message)) {
-        if (connect->lanes[0].address == own_address) {
-          std::printf("dropped a CONNECT that names this server's own address\n");
-          continue;
-        }
-        fi_addr_t client = FI_ADDR_UNSPEC;
-        try {
-          client = departures.Insert(connect->lanes[0].address,
-                                     [&](const auto& a) { return net.AddPeerAddress(a); });
-        } catch (const Error& e) {
-          std::printf("dropped a CONNECT: %s\n", e.what());
-          continue;
-        }
-        // Answered only once one comes from the address it names: an address that has not
-        // spoken is never sent to (docs/wire-protocol.md, "Answering only who spoke").
-        if (m.source != client) {
-          if (known)      // a client's first CONNECT comes from no client of ours: said only
-            std::printf(  // when a connected client names another address
-                "a CONNECT not from the address it names: answered once one comes from there\n");
-          if (!clients.count(client)) departed.emplace(client, Clock::now());
-          for (fi_addr_t old : departures.Unverified(client))  // the oldest leave the AV now
-            if (departed.erase(old)) {
-              mail.Forget(old);
-              departures.Remove(old);
-            }
-          continue;
-        }
-        if (clients.count(client) && clients[client].nonce == token) continue;  // a repeat
-        departed.erase(client);  // the same address again: it is in use once more
-        departures.Revive(client);
-        mail.Seal(client, token);  // our answers carry the client's own token back
-        if (options.max_clients > 0 && !clients.count(client) &&
-            clients.size() >= options.max_clients) {
-          refuse(client, 0, "server full: " + std::to_string(clients.size()) + " clients");
-          departed.emplace(client, Clock::now());
-          continue;
-        }
-        clients[client] = Client{connect->lanes[0].region, wire::NewToken(), token, Clock::now()};
-        std::printf("client %llu connected: region of %llu bytes\n",
-                    static_cast<unsigned long long>(client),
-                    static_cast<unsigned long long>(connect->lanes[0].region.length));
-        mail.Send(client, wire::Accept{{}, 0, clients[client].session});
-      } else if (!known) {
-        std::printf("dropped a message from a sender that did not CONNECT\n");
-      } else if (!genuine) {
-        std::printf("dropped a message for client %llu without its session token\n", name);
-      } else if (auto* transfer = std::get_if<wire::Transfer>(&message)) {
-        clients[m.source].last_seen = Clock::now();
-        std::unique_ptr<Request> r;
-        try {
-          wire::ValidateTransfer(*transfer, clients[m.source].region);
-          const uint64_t bytes = transfer->pages.size() * transfer->page_size;
-          if (bytes > options.client_memory)
-            throw Error("the request would hold " + std::to_string(bytes) +
-                        " bytes of source memory, over this server's " +
-                        std::to_string(options.client_memory) + " per client (--client-memory)");
-          if (bytes > options.server_memory)
-            throw Error("the request would hold " + std::to_string(bytes) +
-                        " bytes of source memory, over this server's " +
-                        std::to_string(options.server_memory) + " for all (--server-memory)");
-          r = PrepareRequest(net, clients[m.source], m.source, std::move(*transfer));
-        } catch (const std::exception& e) {  // a bad request, or no memory for it
-          refuse(m.source, transfer->request_id, e.what());
-          continue;
-        }
-        const std::string why = ServeTransfer(
-            net, *r, progress, [&] { return StopRequested() || left(m.source); }, limit);
-        if (clients.count(m.source)) clients[m.source].last_seen = Clock::now();  // it took them
-        const wire::Transfer& t = r->transfer;
-        if (!why.empty()) {
-          std::printf("client %llu: request %u: given up: %s\n", name, t.request_id, why.c_str());
-          if (why != "stopped") lost.emplace(m.source, why);
-          r->abandoned_at = Clock::now();
-          if (r->in_flight > 0) draining.push_back(std::move(r));
-          continue;
-        }
-        std::printf("client %llu: request %u: wrote %zu pages of %llu bytes, %llu times\n", name,
-                    t.request_id, t.pages.size(), static_cast<unsigned long long>(t.page_size),
-                    static_cast<unsigned long long>(t.repeat));
-        const wire::Done done{t.request_id, t.pages.size() * t.repeat,
-                              static_cast<uint64_t>(r->first_post.time_since_epoch().count()),
-                              static_cast<uint64_t>(r->last_completion.time_since_epoch().count())};
-        mail.Send(m.source, done);
-      } else if (std::holds_alternative<wire::Bye>(message)) {
-        std::printf("client %llu done\n", name);
-        forget(m.source);
+      const std::string why = ServeTransfer(
+          net, *r, progress, [&] { return StopRequested() || desk.Leaving(client); }, limit);
+      desk.Seen(client);  // it took them
+      const wire::Transfer& t = r->transfer;
+      if (!why.empty()) {
+        std::printf("client %llu: request %u: given up: %s\n", name, t.request_id, why.c_str());
+        if (why != "stopped") desk.Lost(client, why);
+        r->abandoned_at = Clock::now();
+        if (r->in_flight > 0) draining.push_back(std::move(r));
+        continue;
       }
+      std::printf("client %llu: request %u: wrote %zu pages of %llu bytes, %llu times\n", name,
+                  t.request_id, t.pages.size(), static_cast<unsigned long long>(t.page_size),
+                  static_cast<unsigned long long>(t.repeat));
+      const wire::Done done{t.request_id, t.pages.size() * t.repeat,
+                            static_cast<uint64_t>(r->first_post.time_since_epoch().count()),
+                            static_cast<uint64_t>(r->last_completion.time_since_epoch().count())};
+      mail.Send(client, done);
       std::fflush(stdout);
     }
-    std::fflush(stdout);  // also the lines of messages dropped (`continue` above)
+    std::fflush(stdout);
   }
-  std::printf("served %llu clients\n", static_cast<unsigned long long>(served));
+  std::printf("served %llu clients\n", static_cast<unsigned long long>(desk.served()));
   std::fflush(stdout);
   net.ep.reset();  // WRITEs still in the provider end with the endpoint, before their pages go
   return kExitOk;
@@ -651,15 +521,10 @@ int ClientMain(const Options& options) {
   wire::Connect connect;
   connect.lanes.push_back(
       {net.Address(), net.Advertise(region_mr.get(), region.nic_data(), region.size())});
-  mail.Seal(server, from_server.token());  // the server's answers carry it back
-  send(connect);
   // Again until answered: the server answers a CONNECT once one came from the address it names.
-  for (ConnectRepeat again; !accepted && refused.empty(); progress()) {
-    if (again.Expired(limit))  // a server that has never heard us takes none of our CONNECTs
-      Abandon(kProgram, "no answer from the server within " + std::to_string(options.timeout_s) +
-                            " s to our CONNECT (is it running at that address?)");
-    if (mail.Idle() && again.Due()) send(connect);  // our address is in the server's AV now
-  }
+  ConnectUntilAnswered(
+      mail, server, from_server.token(), connect, [&] { return accepted || !refused.empty(); },
+      progress, kProgram, options.timeout_s);
   const auto start = Clock::now();
   send(request);
   while ((arrived < expected || !done) && refused.empty()) progress();

@@ -30,7 +30,6 @@
 #include "backoff.hpp"
 #include "completion.hpp"
 #include "cuda_memory.hpp"
-#include "departures.hpp"
 #include "error.hpp"
 #include "fabric_handles.hpp"
 #include "host_buffer.hpp"
@@ -41,6 +40,8 @@
 #include "program.hpp"
 #include "protocol.hpp"
 #include "provider.hpp"
+#include "provider_watch.hpp"
+#include "reception.hpp"
 #include "registration.hpp"
 #include "report.hpp"
 
@@ -244,6 +245,7 @@ void Network::PostRecv(Op& op) {
 bool Network::PostSend(Op& op, fi_addr_t dest) {
   op.kind = OpKind::kSend;
   op.peer = dest;
+  const InProvider inside("fi_send");  // spins for good on a dead shm peer's lock
   ssize_t rc = fi_send(ep.get(), op.buffer, op.length, op.desc, dest, &op.context);
   if (rc == -FI_EAGAIN) return false;
   FI_CHECK(rc);
@@ -255,6 +257,7 @@ bool Network::PostWrite(Op& op, fi_addr_t dest, const wire::RemoteRegion& region
                         uint32_t immediate) {
   op.kind = OpKind::kWrite;
   op.peer = dest;
+  const InProvider inside("fi_writedata");  // spins for good on a dead shm peer's lock
   ssize_t rc = fi_writedata(ep.get(), op.buffer, op.length, op.desc, immediate, dest,
                             region.address + offset, region.key, &op.context);
   if (rc == -FI_EAGAIN) return false;
@@ -265,6 +268,8 @@ bool Network::PostWrite(Op& op, fi_addr_t dest, const wire::RemoteRegion& region
 // The control messages: receives kept posted, and a queue of messages to send that never
 // makes us wait (common/mailbox.hpp).
 using Mail = Mailbox<Network, Op>;
+// The server's front desk: admission, tokens, departures and limits (common/reception.hpp).
+using Desk = Reception<Network, Op>;
 
 void PrintHeader(const char* role, const Network& net) {
   std::printf("%s %s: provider %s, domain %s, pages in %s\n", kProgram, role,
@@ -272,19 +277,6 @@ void PrintHeader(const char* role, const Network& net) {
               DescribeMemoryPath(net.memory).c_str());
   std::fflush(stdout);
 }
-
-// What the server keeps for each connected client.
-struct Client {
-  wire::RemoteRegion region;
-  uint32_t session = 0;           // the token its messages carry (docs/wire-protocol.md)
-  uint32_t nonce = 0;             // its CONNECT's token: a CONNECT again with it is a repeat
-  Clock::time_point last_seen{};  // its last message
-};
-
-struct Received {
-  std::vector<uint8_t> bytes;
-  fi_addr_t source;
-};
 
 // One TRANSFER being served: its source pages, registered, and how far its WRITEs got.
 struct Request {
@@ -301,13 +293,13 @@ struct Request {
 };
 
 // Fills the request's source pages from its seed and registers them.
-std::unique_ptr<Request> PrepareRequest(Network& net, const Client& client, fi_addr_t dest,
+std::unique_ptr<Request> PrepareRequest(Network& net, const Desk::Client& client, fi_addr_t dest,
                                         wire::Transfer transfer) {
   const size_t count = transfer.pages.size(), page_size = transfer.page_size;
   const uint64_t total = count * transfer.repeat;
   auto r = std::make_unique<Request>();
   r->client = dest;
-  r->region = client.region;
+  r->region = client.regions[0];
   r->transfer = std::move(transfer);
   r->source = PageBuffer(count * page_size, net.memory, 0, Pages::kSmall);  // for one request
   r->total = total;
@@ -351,28 +343,83 @@ void PostWrites(Network& net, std::list<std::unique_ptr<Request>>& active,
   }
 }
 
+// Ends what is over: a request done (DONE to its client), one abandoned whose WRITEs have
+// all come back, or one stuck (no WRITE completed for --timeout: its client is lost).
+void FinishRequests(std::list<std::unique_ptr<Request>>& active, Desk& desk, Mail& mail,
+                    const Options& options) {
+  const auto limit =
+      std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(options.timeout_s));
+  for (auto it = active.begin(); it != active.end();) {
+    Request& r = **it;
+    if (!r.abandoned && r.in_flight() > 0 && Clock::now() - r.last_completion > limit)
+      desk.Lost(r.client, "no WRITE completed for " + std::to_string(options.timeout_s) + " s");
+    if (r.abandoned && r.in_flight() > 0 && r.source.size() > 0 &&
+        Clock::now() - r.abandoned_at > limit) {
+      // The provider will never complete these WRITEs (their peer is gone): the memory they
+      // read goes back; the request stays, small, for completions that may still come.
+      std::printf("client %llu: request %u: %llu WRITEs never completed; their pages freed\n",
+                  static_cast<unsigned long long>(r.client), r.transfer.request_id,
+                  static_cast<unsigned long long>(r.in_flight()));
+      r.mr.reset();
+      r.source = PageBuffer();
+    }
+    if (r.abandoned ? r.in_flight() > 0 : r.completed < r.total) {
+      ++it;
+      continue;
+    }
+    const wire::Transfer& t = r.transfer;
+    if (!r.abandoned) {
+      std::printf("client %llu: request %u: wrote %zu pages of %llu bytes, %llu times\n",
+                  static_cast<unsigned long long>(r.client), t.request_id, t.pages.size(),
+                  static_cast<unsigned long long>(t.page_size),
+                  static_cast<unsigned long long>(t.repeat));
+      const wire::Done done{t.request_id, r.total,
+                            static_cast<uint64_t>(r.first_post.time_since_epoch().count()),
+                            static_cast<uint64_t>(r.last_completion.time_since_epoch().count())};
+      mail.Send(r.client, done);
+      desk.Seen(r.client);
+    }
+    it = active.erase(it);
+  }
+}
+
 int ServerMain(const Options& options) {
   InstallStopHandlers(kProgram);
   Network net = Network::Open(options, {}, ResolveMemory(options.memory));
   PrintHeader("server", net);
-  const std::vector<uint8_t> own_address = net.Address();
-  PublishAddress(own_address, options.address_file);
   const auto limit =
       std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(options.timeout_s));
-  const auto peer_timeout = std::chrono::duration_cast<Clock::duration>(
-      std::chrono::duration<double>(options.peer_timeout_s));
 
   Mail mail(net, kRecvDepth, kRecvDepth);
-  Departures departures(net.av.get(), *net.info, own_address);  // peers leave the AV here
-  std::map<fi_addr_t, Client> clients;
-  std::deque<Received> inbox;
   std::list<std::unique_ptr<Request>> active;
   std::deque<Op> write_ops(options.window);  // a deque: it grows without moving its Ops
   std::vector<Op*> free_writes;
   for (auto& op : write_ops) free_writes.push_back(&op);
-  std::map<fi_addr_t, std::string> lost;            // clients an operation failed for
-  std::map<fi_addr_t, Clock::time_point> departed;  // AV entries to remove once idle
-  uint64_t served = 0;
+  // Who is a client and who stops being one (common/reception.hpp, README "The front desk").
+  // A client that leaves, or is dropped, stops being written to at once. Its requests are
+  // abandoned: WRITEs of theirs the provider still holds are replaced in the window at once,
+  // so other clients never wait for them (shm never completes a WRITE to a process that died).
+  Desk::Hooks hooks;
+  hooks.leaving = [&](fi_addr_t client) {
+    for (auto& r : active) {
+      if (r->client != client || r->abandoned) continue;
+      r->abandoned = true;
+      r->abandoned_at = Clock::now();
+      for (Op& op : write_ops) {
+        if (op.request != r.get() || op.retired) continue;
+        op.retired = true;
+        free_writes.push_back(&write_ops.emplace_back());
+      }
+    }
+  };
+  hooks.busy = [&](fi_addr_t client) {  // a request of its is served, or WRITEs are out
+    for (const auto& r : active)
+      if (r->client == client && (!r->abandoned || (r->in_flight() > 0 && r->source.size() > 0)))
+        return true;
+    return false;
+  };
+  Desk desk(net, mail, options, hooks);
+  PublishAddress(desk.own_address(), options.address_file);
   auto on_done = [&](Op* op, const fi_cq_data_entry& done, fi_addr_t source) {
     if (op == nullptr) return;  // the server receives no remote writes
     if (op->kind == OpKind::kSend) mail.Sent(op);
@@ -383,11 +430,10 @@ int ServerMain(const Options& options) {
       op->request = nullptr;
     }
     if (op->kind != OpKind::kRecv) return;
-    // Handled later by the main loop, so a message never interrupts a transfer half-way.
-    inbox.push_back({{op->buffer, op->buffer + done.len}, source});
+    desk.Received({op->buffer, done.len}, source);
     net.PostRecv(*op);
   };
-  // A failed operation concerns one peer: the main loop drops that peer and carries on.
+  // A failed operation concerns one peer: the desk drops that peer and we carry on.
   auto on_error = [&](Op* op, const CompletionError& error) {
     if (op == nullptr) {
       std::printf("a peer's operation on our memory failed: %s\n", error.text.c_str());
@@ -395,7 +441,7 @@ int ServerMain(const Options& options) {
       std::printf("dropped a message: %s\n", error.text.c_str());
       net.PostRecv(*op);
     } else {
-      lost.emplace(op->kind == OpKind::kWrite ? op->request->client : op->peer, error.text);
+      desk.Lost(op->kind == OpKind::kWrite ? op->request->client : op->peer, error.text);
       if (op->kind == OpKind::kSend) mail.Sent(op);
       if (op->kind == OpKind::kWrite) {
         ++op->request->failed;
@@ -408,210 +454,40 @@ int ServerMain(const Options& options) {
   // Completions, then the messages waiting to go out; a peer that takes none is lost.
   auto progress = [&] {
     net.PollCompletion(on_done, on_error);
-    for (fi_addr_t peer : mail.Flush(limit)) lost.emplace(peer, "does not take our messages");
+    for (fi_addr_t peer : mail.Flush(limit)) desk.Lost(peer, "does not take our messages");
   };
-  // A client that leaves, or is dropped, stops being written to at once; it leaves our AV
-  // once nothing of ours is on its way to it (removing a peer with operations in flight
-  // crashes some providers), or when `limit` has passed (rxm then closes the connection, and
-  // what it held fails back to us).
-  // Its requests are abandoned. WRITEs of theirs the provider still holds are replaced in
-  // the window at once, so other clients never wait for them: shm never completes a WRITE to
-  // a process that died.
-  auto forget = [&](fi_addr_t client) {
-    if (clients.erase(client)) ++served;
-    for (auto& r : active) {
+  // What a client holds already, checked before anything is allocated (OverLimits).
+  auto over_limits = [&](fi_addr_t client, const wire::Transfer& t) {
+    uint64_t requests = 0, bytes = 0, all = 0;
+    for (const auto& r : active) {
+      all += r->source.size();
       if (r->client != client || r->abandoned) continue;
-      r->abandoned = true;
-      r->abandoned_at = Clock::now();
-      for (Op& op : write_ops) {
-        if (op.request != r.get() || op.retired) continue;
-        op.retired = true;
-        free_writes.push_back(&write_ops.emplace_back());
-      }
+      ++requests;
+      bytes += r->source.size();
     }
-    departed.emplace(client, Clock::now());
-  };
-  auto drop = [&](fi_addr_t client, const std::string& why) {
-    if (clients.count(client))
-      std::printf("client %llu lost: %s\n", static_cast<unsigned long long>(client), why.c_str());
-    mail.Forget(client);
-    forget(client);
-  };
-  auto busy = [&](fi_addr_t peer) {
-    for (const auto& r : active)
-      if (r->client == peer && r->in_flight() > 0 && r->source.size() > 0) return true;
-    return mail.Busy(peer);
-  };
-  auto refuse = [&](fi_addr_t dest, uint32_t request_id, const std::string& why) {
-    std::printf("client %llu: refused: %s\n", static_cast<unsigned long long>(dest), why.c_str());
-    mail.Send(dest, wire::ErrorReply{request_id, why});
-  };
-  // Per-client limits, checked before anything is allocated: what a client may hold at once.
-  auto over_limits = [&](fi_addr_t client, const wire::Transfer& t) -> std::string {
-    uint64_t requests = 0, bytes = t.pages.size() * t.page_size;
-    for (const auto& r : active)
-      if (r->client == client && !r->abandoned) {
-        ++requests;
-        bytes += r->source.size();
-      }
-    if (requests >= options.max_requests)
-      return std::to_string(requests) + " requests in flight already (--max-requests " +
-             std::to_string(options.max_requests) + ")";
-    if (bytes > options.client_memory)
-      return "its requests would hold " + std::to_string(bytes) +
-             " bytes of source memory, over this server's " +
-             std::to_string(options.client_memory) + " per client (--client-memory)";
-    uint64_t all = t.pages.size() * t.page_size;
-    for (const auto& r : active) all += r->source.size();
-    if (all > options.server_memory)
-      return "the server's requests would hold " + std::to_string(all) +
-             " bytes of source memory, over its " + std::to_string(options.server_memory) +
-             " for all clients (--server-memory)";
-    return "";
+    return OverLimits(options, t, requests, bytes, all);
   };
 
-  while (!StopRequested() && (options.exit_after == 0 || served < options.exit_after)) {
+  while (desk.Open()) {
     progress();
-    for (const auto& [client, why] : lost) drop(client, why);
-    lost.clear();
-    for (auto it = active.begin(); it != active.end();) {
-      Request& r = **it;
-      if (!r.abandoned && r.in_flight() > 0 && Clock::now() - r.last_completion > limit)
-        drop(r.client, "no WRITE completed for " + std::to_string(options.timeout_s) + " s");
-      if (r.abandoned && r.in_flight() > 0 && r.source.size() > 0 &&
-          Clock::now() - r.abandoned_at > limit) {
-        // The provider will never complete these WRITEs (their peer is gone): the memory they
-        // read goes back; the request stays, small, for completions that may still come.
-        std::printf("client %llu: request %u: %llu WRITEs never completed; their pages freed\n",
-                    static_cast<unsigned long long>(r.client), r.transfer.request_id,
-                    static_cast<unsigned long long>(r.in_flight()));
-        r.mr.reset();
-        r.source = PageBuffer();
-      }
-      if (r.abandoned ? r.in_flight() > 0 : r.completed < r.total) {
-        ++it;
-        continue;
-      }
-      const wire::Transfer& t = r.transfer;
-      if (!r.abandoned) {
-        std::printf("client %llu: request %u: wrote %zu pages of %llu bytes, %llu times\n",
-                    static_cast<unsigned long long>(r.client), t.request_id, t.pages.size(),
-                    static_cast<unsigned long long>(t.page_size),
-                    static_cast<unsigned long long>(t.repeat));
-        const wire::Done done{t.request_id, r.total,
-                              static_cast<uint64_t>(r.first_post.time_since_epoch().count()),
-                              static_cast<uint64_t>(r.last_completion.time_since_epoch().count())};
-        mail.Send(r.client, done);
-      }
-      it = active.erase(it);
-    }
-    for (auto& [client, c] : clients) {  // vanished without BYE: its place is not held for good
-      Clock::time_point last = c.last_seen;
-      for (const auto& r : active)
-        if (r->client == client) last = std::max(last, r->last_completion);
-      if (Clock::now() - last > peer_timeout)
-        lost.emplace(client, "silent for " + std::to_string(options.peer_timeout_s) + " s");
-    }
-    std::erase_if(departed, [&](const auto& d) {
-      if ((busy(d.first) || departures.Waiting(d.first)) && Clock::now() - d.second < limit)
-        return false;
-      mail.Forget(d.first);  // nothing may be posted to an address that left the AV
-      departures.Remove(d.first);
-      return true;
-    });
+    desk.Tend();
+    FinishRequests(active, desk, mail, options);
     PostWrites(net, active, free_writes, progress, limit);
-    bool prepared = false;  // one request filled per round: its WRITEs start before the next's
-    while (!inbox.empty() && !prepared) {
-      Received m = std::move(inbox.front());
-      inbox.pop_front();
-      const auto name = static_cast<unsigned long long>(m.source);
-      const bool known = m.source != FI_ADDR_NOTAVAIL && clients.count(m.source);
-      // A connected client's messages carry its session token: one without it is a
-      // stranger's that the provider credited to this client (docs/wire-protocol.md).
-      const bool genuine = known && wire::TokenOf(m.bytes) == clients[m.source].session;
-      wire::Message message;
-      uint32_t token = 0;
+    // One request filled per round: its WRITEs start before the next one's.
+    if (auto request = desk.Next()) {
+      std::string why = over_limits(request->client, request->transfer);
       try {
-        message = wire::Decode(m.bytes, &token);
-      } catch (const wire::ProtocolError& e) {
-        if (genuine)
-          refuse(m.source, 0, e.what());
-        else
-          std::printf("dropped a message: %s\n", e.what());
-        continue;
+        if (why.empty())
+          active.push_back(PrepareRequest(net, *desk.Find(request->client), request->client,
+                                          std::move(request->transfer)));
+      } catch (const std::exception& e) {  // no memory for it
+        why = e.what();
       }
-      if (wire::IsServerMessage(message)) {  // answering one could start an endless exchange
-        std::printf("dropped a server's message from %s: a server never answers one\n",
-                    known ? ("client " + std::to_string(name)).c_str() : "a stranger");
-      } else if (auto* connect = std::get_if<wire::Connect>(&message)) {
-        if (connect->lanes[0].address == own_address) {
-          std::printf("dropped a CONNECT that names this server's own address\n");
-          continue;
-        }
-        fi_addr_t client = FI_ADDR_UNSPEC;
-        try {
-          client = departures.Insert(connect->lanes[0].address,
-                                     [&](const auto& a) { return net.AddPeerAddress(a); });
-        } catch (const Error& e) {
-          std::printf("dropped a CONNECT: %s\n", e.what());
-          continue;
-        }
-        // Answered only once one comes from the address it names: an address that has not
-        // spoken is never sent to (docs/wire-protocol.md, "Answering only who spoke").
-        if (m.source != client) {
-          if (known)      // a client's first CONNECT comes from no client of ours: said only
-            std::printf(  // when a connected client names another address
-                "a CONNECT not from the address it names: answered once one comes from there\n");
-          if (!clients.count(client)) departed.emplace(client, Clock::now());
-          for (fi_addr_t old : departures.Unverified(client))  // the oldest leave the AV now
-            if (departed.erase(old)) {
-              mail.Forget(old);
-              departures.Remove(old);
-            }
-          continue;
-        }
-        if (clients.count(client) && clients[client].nonce == token) continue;  // a repeat
-        departed.erase(client);  // the same address again: it is in use once more
-        departures.Revive(client);
-        mail.Seal(client, token);  // our answers carry the client's own token back
-        if (options.max_clients > 0 && !clients.count(client) &&
-            clients.size() >= options.max_clients) {
-          refuse(client, 0, "server full: " + std::to_string(clients.size()) + " clients");
-          departed.emplace(client, Clock::now());
-          continue;
-        }
-        clients[client] = Client{connect->lanes[0].region, wire::NewToken(), token, Clock::now()};
-        std::printf("client %llu connected: region of %llu bytes\n",
-                    static_cast<unsigned long long>(client),
-                    static_cast<unsigned long long>(connect->lanes[0].region.length));
-        mail.Send(client, wire::Accept{{}, 0, clients[client].session});
-      } else if (!known) {
-        std::printf("dropped a message from a sender that did not CONNECT\n");
-      } else if (!genuine) {
-        std::printf("dropped a message for client %llu without its session token\n", name);
-      } else if (auto* transfer = std::get_if<wire::Transfer>(&message)) {
-        clients[m.source].last_seen = Clock::now();
-        std::string why;
-        try {
-          wire::ValidateTransfer(*transfer, clients[m.source].region);
-          why = over_limits(m.source, *transfer);
-          if (why.empty())
-            active.push_back(
-                PrepareRequest(net, clients[m.source], m.source, std::move(*transfer)));
-          prepared = why.empty();
-        } catch (const std::exception& e) {  // a bad request, or no memory for it
-          why = e.what();
-        }
-        if (!why.empty()) refuse(m.source, transfer->request_id, why);
-      } else if (std::holds_alternative<wire::Bye>(message)) {
-        std::printf("client %llu done\n", name);
-        forget(m.source);
-      }
-      std::fflush(stdout);
+      if (!why.empty()) desk.Refuse(request->client, request->transfer.request_id, why);
     }
-    std::fflush(stdout);  // also the lines of messages dropped (`continue` above)
+    std::fflush(stdout);
   }
-  std::printf("served %llu clients\n", static_cast<unsigned long long>(served));
+  std::printf("served %llu clients\n", static_cast<unsigned long long>(desk.served()));
   std::fflush(stdout);
   net.ep.reset();  // WRITEs still in the provider end with the endpoint, before their pages go
   return kExitOk;
@@ -624,6 +500,43 @@ void CheckClientOptions(const Options& options) {
     throw UsageError("invalid --requests " + std::to_string(options.requests) + " (1 to " +
                      std::to_string(kMaxRequestsInFlight) + ")");
   if (options.window == 0) throw UsageError("invalid --window 0");
+}
+
+// The client's requests: `options.requests` of `options.pages` pages each, a share of one
+// random sample of the region's pages (so each request's pages are its own).
+std::vector<wire::Transfer> PlanRequests(const Options& options, uint64_t region_pages) {
+  const uint64_t total_pages = options.pages * options.requests;
+  const std::vector<uint32_t> all_pages = SamplePages(options.seed, total_pages, region_pages);
+  std::vector<wire::Transfer> requests(options.requests);
+  for (size_t r = 0; r < requests.size(); ++r) {
+    requests[r].request_id = static_cast<uint32_t>(r + 1);
+    requests[r].seed = options.seed;
+    requests[r].page_size = options.page_size;
+    requests[r].repeat = options.repeat;
+    requests[r].pages.assign(all_pages.begin() + r * options.pages,
+                             all_pages.begin() + (r + 1) * options.pages);
+  }
+  if (options.test_bad_page) requests.back().pages.back() = static_cast<uint32_t>(region_pages);
+  return requests;
+}
+
+// Every request got all its WRITEs (`arrived`, by request id), and every byte of its pages is
+// what the seed says. Returns the bytes verified.
+uint64_t VerifyRequests(const Options& options, PageBuffer& region,
+                        const std::vector<wire::Transfer>& requests,
+                        const std::vector<uint64_t>& arrived) {
+  for (size_t r = 1; r < arrived.size(); ++r) {
+    if (arrived[r] != requests[r - 1].pages.size() * options.repeat)
+      throw Error("request " + std::to_string(r) + " received " + std::to_string(arrived[r]) +
+                  " WRITEs");
+  }
+  region.SyncFromNic();
+  std::span<uint8_t> view = region.HostView();
+  if (options.test_corrupt) view[requests[0].pages[0] * options.page_size + 1] ^= 0x5a;
+  uint64_t verified = 0;
+  for (const auto& request : requests)
+    verified += VerifyPages(view, request.pages, request.page_size, request.seed);
+  return verified;
 }
 
 int ClientMain(const Options& options) {
@@ -644,17 +557,7 @@ int ClientMain(const Options& options) {
   MrPtr region_mr = net.Register(region, FI_REMOTE_WRITE);
   Mail mail(net, kRecvDepth, options.requests + 2);
 
-  const std::vector<uint32_t> all_pages = SamplePages(options.seed, total_pages, region_pages);
-  std::vector<wire::Transfer> requests(options.requests);
-  for (size_t r = 0; r < requests.size(); ++r) {
-    requests[r].request_id = static_cast<uint32_t>(r + 1);
-    requests[r].seed = options.seed;
-    requests[r].page_size = options.page_size;
-    requests[r].repeat = options.repeat;
-    requests[r].pages.assign(all_pages.begin() + r * options.pages,
-                             all_pages.begin() + (r + 1) * options.pages);
-  }
-  if (options.test_bad_page) requests.back().pages.back() = static_cast<uint32_t>(region_pages);
+  const std::vector<wire::Transfer> requests = PlanRequests(options, region_pages);
 
   uint64_t expected = total_pages * options.repeat;    // less what the server refuses
   std::vector<uint64_t> arrived(requests.size() + 1);  // per request id
@@ -726,15 +629,10 @@ int ClientMain(const Options& options) {
   wire::Connect connect;
   connect.lanes.push_back(
       {net.Address(), net.Advertise(region_mr.get(), region.nic_data(), region.size())});
-  mail.Seal(server, from_server.token());  // the server's answers carry it back
-  send(connect);
   // Again until answered: the server answers a CONNECT once one came from the address it names.
-  for (ConnectRepeat again; !accepted && refused.empty(); progress()) {
-    if (again.Expired(limit))  // a server that has never heard us takes none of our CONNECTs
-      Abandon(kProgram, "no answer from the server within " + std::to_string(options.timeout_s) +
-                            " s to our CONNECT (is it running at that address?)");
-    if (mail.Idle() && again.Due()) send(connect);  // our address is in the server's AV now
-  }
+  ConnectUntilAnswered(
+      mail, server, from_server.token(), connect, [&] { return accepted || !refused.empty(); },
+      progress, kProgram, options.timeout_s);
   if (!accepted) throw Error("the server refused the connection: " + refused);
   // The clock runs from the first request sent to the last WRITE landed: the server's work
   // (filling its pages) counts, and nothing a provider does with completions can shrink it.
@@ -748,18 +646,7 @@ int ClientMain(const Options& options) {
   send(wire::Bye{});
   while (!mail.Idle()) progress();  // every message of ours has left
   if (!refused.empty()) throw Error("the server refused " + refused);
-  for (size_t r = 1; r < arrived.size(); ++r) {
-    if (arrived[r] != requests[r - 1].pages.size() * options.repeat)
-      throw Error("request " + std::to_string(r) + " received " + std::to_string(arrived[r]) +
-                  " WRITEs");
-  }
-
-  region.SyncFromNic();
-  std::span<uint8_t> view = region.HostView();
-  if (options.test_corrupt) view[requests[0].pages[0] * options.page_size + 1] ^= 0x5a;
-  uint64_t verified = 0;
-  for (const auto& request : requests)
-    verified += VerifyPages(view, request.pages, request.page_size, request.seed);
+  const uint64_t verified = VerifyRequests(options, region, requests, arrived);
 
   Summary summary;
   summary.bytes = arrived_total * options.page_size;

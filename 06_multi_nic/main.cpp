@@ -35,7 +35,6 @@
 #include "backoff.hpp"
 #include "completion.hpp"
 #include "cuda_memory.hpp"
-#include "departures.hpp"
 #include "error.hpp"
 #include "fabric_handles.hpp"
 #include "host_buffer.hpp"
@@ -46,6 +45,8 @@
 #include "program.hpp"
 #include "protocol.hpp"
 #include "provider.hpp"
+#include "provider_watch.hpp"
+#include "reception.hpp"
 #include "registration.hpp"
 #include "report.hpp"
 #include "topology.hpp"
@@ -325,6 +326,7 @@ void Network::PostRecv(Op& op) {
 bool Network::PostSend(Op& op, fi_addr_t dest) {
   op.kind = OpKind::kSend;
   op.peer = dest;
+  const InProvider inside("fi_send");  // spins for good on a dead shm peer's lock
   ssize_t rc = fi_send(ep.get(), op.buffer, op.length, op.desc, dest, &op.context);
   if (rc == -FI_EAGAIN) return false;
   FI_CHECK(rc);
@@ -336,6 +338,7 @@ bool Network::PostWrite(Op& op, fi_addr_t dest, const wire::RemoteRegion& region
                         uint32_t immediate) {
   op.kind = OpKind::kWrite;
   op.peer = dest;
+  const InProvider inside("fi_writedata");  // spins for good on a dead shm peer's lock
   ssize_t rc = fi_writedata(ep.get(), op.buffer, op.length, op.desc, immediate, dest,
                             region.address + offset, region.key, &op.context);
   if (rc == -FI_EAGAIN) return false;
@@ -359,6 +362,8 @@ void WaitForCompletions(std::vector<Network>& lanes, int timeout_ms) {
 // The control messages: receives kept posted, and a queue of messages to send that never
 // makes us wait (common/mailbox.hpp).
 using Mail = Mailbox<Network, Op>;
+// The server's front desk: admission, tokens, departures and limits (common/reception.hpp).
+using Desk = Reception<Network, Op>;
 
 void PrintHeader(const char* role, const std::vector<Network>& lanes) {
   std::string domains;
@@ -371,24 +376,10 @@ void PrintHeader(const char* role, const std::vector<Network>& lanes) {
   std::fflush(stdout);
 }
 
-// What the server keeps for each connected client.
-struct Client {
-  std::vector<fi_addr_t> addresses;         // per lane, in that lane's AV
-  std::vector<wire::RemoteRegion> regions;  // per lane: the same memory, a key per domain
-  uint32_t session = 0;                     // the token its messages carry (docs/wire-protocol.md)
-  uint32_t nonce = 0;             // its CONNECT's token: a CONNECT again with it is a repeat
-  Clock::time_point last_seen{};  // its last message
-};
-
-struct Received {
-  std::vector<uint8_t> bytes;
-  fi_addr_t source;
-};
-
 // One TRANSFER being served: its source pages, registered, and how far its WRITEs got.
 struct Request {
   fi_addr_t client = FI_ADDR_UNSPEC;  // the client's lane-0 address: its name
-  Client dest;
+  Desk::Client dest;
   wire::Transfer transfer;
   PageBuffer source;
   std::vector<MrPtr> mrs;  // the source registered on every lane's domain
@@ -400,7 +391,7 @@ struct Request {
 };
 
 // Fills the request's source pages from its seed and registers them.
-std::unique_ptr<Request> PrepareRequest(std::vector<Network>& lanes, const Client& client,
+std::unique_ptr<Request> PrepareRequest(std::vector<Network>& lanes, const Desk::Client& client,
                                         fi_addr_t name, wire::Transfer transfer) {
   const size_t count = transfer.pages.size(), page_size = transfer.page_size;
   const uint64_t total = count * transfer.repeat;
@@ -469,84 +460,68 @@ void PostWrites(std::vector<Network>& lanes, std::list<std::unique_ptr<Request>>
   }
 }
 
+// Ends what is over: a request done (DONE to its client), one abandoned whose WRITEs have
+// all come back, or one stuck (no WRITE completed for --timeout: its client is lost).
+void FinishRequests(std::list<std::unique_ptr<Request>>& active, Desk& desk, Mail& mail,
+                    const Options& options) {
+  const auto limit =
+      std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(options.timeout_s));
+  for (auto it = active.begin(); it != active.end();) {
+    Request& r = **it;
+    if (!r.abandoned && r.in_flight() > 0 && Clock::now() - r.last_completion > limit)
+      desk.Lost(r.client, "no WRITE completed for " + std::to_string(options.timeout_s) + " s");
+    if (r.abandoned && r.in_flight() > 0 && r.source.size() > 0 &&
+        Clock::now() - r.abandoned_at > limit) {
+      // The provider will never complete these WRITEs (their peer is gone): the memory they
+      // read goes back; the request stays, small, for completions that may still come.
+      std::printf("client %llu: request %u: %llu WRITEs never completed; their pages freed\n",
+                  static_cast<unsigned long long>(r.client), r.transfer.request_id,
+                  static_cast<unsigned long long>(r.in_flight()));
+      r.mrs.clear();
+      r.source = PageBuffer();
+    }
+    if (r.abandoned ? r.in_flight() > 0 : r.completed < r.total) {
+      ++it;
+      continue;
+    }
+    const wire::Transfer& t = r.transfer;
+    if (!r.abandoned) {
+      std::printf("client %llu: request %u: wrote %zu pages of %llu bytes, %llu times\n",
+                  static_cast<unsigned long long>(r.client), t.request_id, t.pages.size(),
+                  static_cast<unsigned long long>(t.page_size),
+                  static_cast<unsigned long long>(t.repeat));
+      const wire::Done done{t.request_id, r.total,
+                            static_cast<uint64_t>(r.first_post.time_since_epoch().count()),
+                            static_cast<uint64_t>(r.last_completion.time_since_epoch().count())};
+      mail.Send(r.client, done);
+      desk.Seen(r.client);
+    }
+    it = active.erase(it);
+  }
+}
+
 int ServerMain(const Options& options) {
   InstallStopHandlers(kProgram);
   std::vector<Network> lanes = OpenLanes(options, {});
   Network& net = lanes[0];  // control messages travel on lane 0
   const WaitMode wait = lanes[0].wait_fd >= 0 ? WaitMode::kBlock : WaitMode::kSpin;
   PrintHeader("server", lanes);
-  const std::vector<uint8_t> own_address = net.Address();
-  PublishAddress(own_address, options.address_file);
   const auto limit =
       std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(options.timeout_s));
-  const auto peer_timeout = std::chrono::duration_cast<Clock::duration>(
-      std::chrono::duration<double>(options.peer_timeout_s));
 
   Mail mail(net, kRecvDepth, kRecvDepth);
-  Departures departures(net.av.get(), *net.info, own_address);  // peers leave lane 0's AV here
-  std::map<fi_addr_t, Client> clients;
-  std::deque<Received> inbox;
   std::list<std::unique_ptr<Request>> active;
   std::deque<Op> write_ops(options.window);  // a deque: it grows without moving its Ops
   std::vector<Op*> free_writes;
   for (auto& op : write_ops) free_writes.push_back(&op);
   std::vector<std::deque<Op*>> pending(lanes.size());  // per lane: WRITEs waiting for room
-  std::map<fi_addr_t, std::string> lost;               // clients an operation failed for
-  std::map<fi_addr_t, std::pair<Client, Clock::time_point>> departed;  // to leave the AVs
-  uint64_t served = 0;
-  auto on_done = [&](Op* op, const fi_cq_data_entry& done, fi_addr_t source) {
-    if (op == nullptr) return;  // the server receives no remote writes
-    if (op->kind == OpKind::kSend) mail.Sent(op);
-    if (op->kind == OpKind::kWrite) {
-      ++op->request->completed;
-      op->request->last_completion = Clock::now();
-      if (!op->retired) free_writes.push_back(op);
-      op->request = nullptr;
-    }
-    if (op->kind != OpKind::kRecv) return;
-    // Handled later by the main loop, so a message never interrupts a transfer half-way.
-    inbox.push_back({{op->buffer, op->buffer + done.len}, source});
-    net.PostRecv(*op);
-  };
-  // A failed operation concerns one peer: the main loop drops that peer and carries on.
-  auto on_error = [&](Op* op, const CompletionError& error) {
-    if (op == nullptr) {
-      std::printf("a peer's operation on our memory failed: %s\n", error.text.c_str());
-    } else if (op->kind == OpKind::kRecv) {  // too long for our buffer, or cut off
-      std::printf("dropped a message: %s\n", error.text.c_str());
-      net.PostRecv(*op);
-    } else {
-      lost.emplace(op->kind == OpKind::kWrite ? op->request->client : op->peer, error.text);
-      if (op->kind == OpKind::kSend) mail.Sent(op);
-      if (op->kind == OpKind::kWrite) {
-        ++op->request->failed;
-        if (!op->retired) free_writes.push_back(op);
-        op->request = nullptr;
-      }
-    }
-    std::fflush(stdout);
-  };
-  // Completions of every lane, then the messages waiting to go out; a peer that takes none
-  // is lost.
-  auto progress = [&] {
-    size_t done = 0;
-    for (auto& lane : lanes) done += lane.PollCompletion(on_done, on_error);
-    for (fi_addr_t peer : mail.Flush(limit)) lost.emplace(peer, "does not take our messages");
-    return done;
-  };
-  IdleBackoff backoff;  // --wait spin: an idle loop naps, so that it never takes a core
-  // A client that leaves, or is dropped, stops being written to at once; it leaves our AVs
-  // once nothing of ours is on its way to it (removing a peer with operations in flight
-  // crashes some providers), or when `limit` has passed (rxm then closes the connection, and
-  // what it held fails back to us). Its requests are abandoned: WRITEs of theirs the provider
-  // still holds are replaced in the window at once, so other clients never wait for them
-  // (shm never completes a WRITE to a process that died).
-  auto forget = [&](fi_addr_t client) {
-    auto it = clients.find(client);
-    if (it == clients.end()) return;
-    ++served;
-    departed[client] = {std::move(it->second), Clock::now()};
-    clients.erase(it);
+  // Who is a client and who stops being one (common/reception.hpp, README "The front desk").
+  // A client that leaves, or is dropped, stops being written to at once, on every lane. Its
+  // requests are abandoned: WRITEs of theirs the provider still holds are replaced in the window at
+  // once, so other clients never wait for them (shm never completes a WRITE to a process that
+  // died).
+  Desk::Hooks hooks;
+  hooks.leaving = [&](fi_addr_t client) {
     for (auto& r : active) {
       if (r->client != client || r->abandoned) continue;
       r->abandoned = true;
@@ -566,228 +541,106 @@ int ServerMain(const Options& options) {
       }
     }
   };
-  auto drop = [&](fi_addr_t client, const std::string& why) {
-    if (clients.count(client))
-      std::printf("client %llu lost: %s\n", static_cast<unsigned long long>(client), why.c_str());
-    mail.Forget(client);
-    forget(client);
-  };
-  auto busy = [&](fi_addr_t peer) {
+  hooks.busy = [&](fi_addr_t client) {  // a request of its is served, or WRITEs are out
     for (const auto& r : active)
-      if (r->client == peer && r->in_flight() > 0 && r->source.size() > 0) return true;
-    return mail.Busy(peer);
+      if (r->client == client && (!r->abandoned || (r->in_flight() > 0 && r->source.size() > 0)))
+        return true;
+    return false;
   };
-  auto refuse = [&](fi_addr_t dest, uint32_t request_id, const std::string& why) {
-    std::printf("client %llu: refused: %s\n", static_cast<unsigned long long>(dest), why.c_str());
-    mail.Send(dest, wire::ErrorReply{request_id, why});
-  };
-  // Per-client limits, checked before anything is allocated: what a client may hold at once.
-  auto over_limits = [&](fi_addr_t client, const wire::Transfer& t) -> std::string {
-    uint64_t requests = 0, bytes = t.pages.size() * t.page_size;
-    for (const auto& r : active)
-      if (r->client == client && !r->abandoned) {
-        ++requests;
-        bytes += r->source.size();
-      }
-    if (requests >= options.max_requests)
-      return std::to_string(requests) + " requests in flight already (--max-requests " +
-             std::to_string(options.max_requests) + ")";
-    if (bytes > options.client_memory)
-      return "its requests would hold " + std::to_string(bytes) +
-             " bytes of source memory, over this server's " +
-             std::to_string(options.client_memory) + " per client (--client-memory)";
-    uint64_t all = t.pages.size() * t.page_size;
-    for (const auto& r : active) all += r->source.size();
-    if (all > options.server_memory)
-      return "the server's requests would hold " + std::to_string(all) +
-             " bytes of source memory, over its " + std::to_string(options.server_memory) +
-             " for all clients (--server-memory)";
-    return "";
-  };
-  // shm (libfabric 1.17) crashes the next client if we remove the entry of a lane that only
-  // ever received our WRITEs: there, keep those (one AV slot per client and lane).
+  // Lane i of a client pairs with lane i of the server. shm (libfabric 1.17) crashes the next
+  // client if we remove the entry of a lane that only ever received our WRITEs: there, keep
+  // those (one AV slot per client and lane).
   const bool shm = std::string(net.info->fabric_attr->prov_name) == "shm";
+  hooks.lanes = lanes.size();
+  for (auto& lane : lanes) hooks.writers.push_back(lane.Address());  // ACCEPT names them
+  hooks.open_lane = [&](size_t l, std::span<const uint8_t> a) {
+    return lanes[l].AddPeerAddress(a);
+  };
+  hooks.close_lane = [&](size_t l, fi_addr_t a) {
+    if (!shm) fi_av_remove(lanes[l].av.get(), &a, 1, 0);
+  };
+  Desk desk(net, mail, options, hooks);
+  PublishAddress(desk.own_address(), options.address_file);
+  auto on_done = [&](Op* op, const fi_cq_data_entry& done, fi_addr_t source) {
+    if (op == nullptr) return;  // the server receives no remote writes
+    if (op->kind == OpKind::kSend) mail.Sent(op);
+    if (op->kind == OpKind::kWrite) {
+      ++op->request->completed;
+      op->request->last_completion = Clock::now();
+      if (!op->retired) free_writes.push_back(op);
+      op->request = nullptr;
+    }
+    if (op->kind != OpKind::kRecv) return;
+    desk.Received({op->buffer, done.len}, source);
+    net.PostRecv(*op);
+  };
+  // A failed operation concerns one peer: the desk drops that peer and we carry on.
+  auto on_error = [&](Op* op, const CompletionError& error) {
+    if (op == nullptr) {
+      std::printf("a peer's operation on our memory failed: %s\n", error.text.c_str());
+    } else if (op->kind == OpKind::kRecv) {  // too long for our buffer, or cut off
+      std::printf("dropped a message: %s\n", error.text.c_str());
+      net.PostRecv(*op);
+    } else {
+      desk.Lost(op->kind == OpKind::kWrite ? op->request->client : op->peer, error.text);
+      if (op->kind == OpKind::kSend) mail.Sent(op);
+      if (op->kind == OpKind::kWrite) {
+        ++op->request->failed;
+        if (!op->retired) free_writes.push_back(op);
+        op->request = nullptr;
+      }
+    }
+    std::fflush(stdout);
+  };
+  // Completions of every lane, then the messages waiting to go out; a peer that takes none
+  // is lost.
+  auto progress = [&] {
+    size_t done = 0;
+    for (auto& lane : lanes) done += lane.PollCompletion(on_done, on_error);
+    for (fi_addr_t peer : mail.Flush(limit)) desk.Lost(peer, "does not take our messages");
+    return done;
+  };
+  IdleBackoff backoff;  // --wait spin: an idle loop naps, so that it never takes a core
+  // What a client holds already, checked before anything is allocated (OverLimits).
+  auto over_limits = [&](fi_addr_t client, const wire::Transfer& t) {
+    uint64_t requests = 0, bytes = 0, all = 0;
+    for (const auto& r : active) {
+      all += r->source.size();
+      if (r->client != client || r->abandoned) continue;
+      ++requests;
+      bytes += r->source.size();
+    }
+    return OverLimits(options, t, requests, bytes, all);
+  };
 
-  while (!StopRequested() && (options.exit_after == 0 || served < options.exit_after)) {
+  while (desk.Open()) {
     const size_t completions = progress();
-    for (const auto& [client, why] : lost) drop(client, why);
-    lost.clear();
-    for (auto it = active.begin(); it != active.end();) {
-      Request& r = **it;
-      if (!r.abandoned && r.in_flight() > 0 && Clock::now() - r.last_completion > limit)
-        drop(r.client, "no WRITE completed for " + std::to_string(options.timeout_s) + " s");
-      if (r.abandoned && r.in_flight() > 0 && r.source.size() > 0 &&
-          Clock::now() - r.abandoned_at > limit) {
-        // The provider will never complete these WRITEs (their peer is gone): the memory they
-        // read goes back; the request stays, small, for completions that may still come.
-        std::printf("client %llu: request %u: %llu WRITEs never completed; their pages freed\n",
-                    static_cast<unsigned long long>(r.client), r.transfer.request_id,
-                    static_cast<unsigned long long>(r.in_flight()));
-        r.mrs.clear();
-        r.source = PageBuffer();
-      }
-      if (r.abandoned ? r.in_flight() > 0 : r.completed < r.total) {
-        ++it;
-        continue;
-      }
-      const wire::Transfer& t = r.transfer;
-      if (!r.abandoned) {
-        std::printf("client %llu: request %u: wrote %zu pages of %llu bytes, %llu times\n",
-                    static_cast<unsigned long long>(r.client), t.request_id, t.pages.size(),
-                    static_cast<unsigned long long>(t.page_size),
-                    static_cast<unsigned long long>(t.repeat));
-        const wire::Done done{t.request_id, r.total,
-                              static_cast<uint64_t>(r.first_post.time_since_epoch().count()),
-                              static_cast<uint64_t>(r.last_completion.time_since_epoch().count())};
-        mail.Send(r.client, done);
-      }
-      it = active.erase(it);
-    }
-    for (auto& [client, c] : clients) {  // vanished without BYE: its place is not held for good
-      Clock::time_point last = c.last_seen;
-      for (const auto& r : active)
-        if (r->client == client) last = std::max(last, r->last_completion);
-      if (Clock::now() - last > peer_timeout)
-        lost.emplace(client, "silent for " + std::to_string(options.peer_timeout_s) + " s");
-    }
-    std::erase_if(departed, [&](const auto& d) {
-      if ((busy(d.first) || departures.Waiting(d.first)) && Clock::now() - d.second.second < limit)
-        return false;
-      mail.Forget(d.first);  // nothing may be posted to an address that left the AV
-      std::vector<fi_addr_t> gone = d.second.first.addresses;
-      for (size_t l = 0; l < gone.size(); ++l)
-        if (l == 0)
-          departures.Remove(gone[0]);
-        else if (!shm)
-          fi_av_remove(lanes[l].av.get(), &gone[l], 1, 0);
-      return true;
-    });
+    desk.Tend();
+    FinishRequests(active, desk, mail, options);
     for (size_t l = 0; l < lanes.size(); ++l) DrainPending(lanes[l], pending[l]);
     const size_t free_before = free_writes.size();
     PostWrites(lanes, active, free_writes, pending);
-    if (completions > 0 || !inbox.empty() || free_writes.size() != free_before)
+    if (completions > 0 || desk.Waiting() || free_writes.size() != free_before)
       backoff.Busy();
     else if (wait == WaitMode::kBlock)
       WaitForCompletions(lanes, 100);  // nothing to do until the network answers
     else
-      backoff.Idle();       // --wait spin: 05's naps, so that an idle server holds no core
-    bool prepared = false;  // one request filled per round: its WRITEs start before the next's
-    while (!inbox.empty() && !prepared) {
-      Received m = std::move(inbox.front());
-      inbox.pop_front();
-      const auto name = static_cast<unsigned long long>(m.source);
-      const bool known = m.source != FI_ADDR_NOTAVAIL && clients.count(m.source);
-      // A connected client's messages carry its session token: one without it is a
-      // stranger's that the provider credited to this client (docs/wire-protocol.md).
-      const bool genuine = known && wire::TokenOf(m.bytes) == clients[m.source].session;
-      wire::Message message;
-      uint32_t token = 0;
+      backoff.Idle();  // --wait spin: 05's naps, so that an idle server holds no core
+    // One request filled per round: its WRITEs start before the next one's.
+    if (auto request = desk.Next()) {
+      std::string why = over_limits(request->client, request->transfer);
       try {
-        message = wire::Decode(m.bytes, &token);
-      } catch (const wire::ProtocolError& e) {
-        if (genuine)
-          refuse(m.source, 0, e.what());
-        else
-          std::printf("dropped a message: %s\n", e.what());
-        continue;
+        if (why.empty())
+          active.push_back(PrepareRequest(lanes, *desk.Find(request->client), request->client,
+                                          std::move(request->transfer)));
+      } catch (const std::exception& e) {  // no memory for it
+        why = e.what();
       }
-      if (wire::IsServerMessage(message)) {  // answering one could start an endless exchange
-        std::printf("dropped a server's message from %s: a server never answers one\n",
-                    known ? ("client " + std::to_string(name)).c_str() : "a stranger");
-      } else if (auto* connect = std::get_if<wire::Connect>(&message)) {
-        if (connect->lanes[0].address == own_address) {
-          std::printf("dropped a CONNECT that names this server's own address\n");
-          continue;
-        }
-        // Lane i of the client pairs with lane i of the server; extra lanes go unused.
-        Client client;
-        const size_t used = std::min(lanes.size(), connect->lanes.size());
-        try {
-          for (size_t l = 0; l < used; ++l) {
-            client.addresses.push_back(
-                l == 0 ? departures.Insert(connect->lanes[0].address,
-                                           [&](const auto& a) { return net.AddPeerAddress(a); })
-                       : lanes[l].AddPeerAddress(connect->lanes[l].address));
-            client.regions.push_back(connect->lanes[l].region);
-          }
-        } catch (const Error& e) {
-          std::printf("dropped a CONNECT: %s\n", e.what());
-          for (size_t l = 0; l < client.addresses.size(); ++l)
-            if (l > 0)
-              fi_av_remove(lanes[l].av.get(), &client.addresses[l], 1, 0);
-            else if (!clients.count(client.addresses[0]) && !departed.count(client.addresses[0]))
-              departures.Remove(client.addresses[0]);  // unless someone's it stays
-          continue;
-        }
-        const fi_addr_t id = client.addresses[0];
-        // Answered only once one comes from the address it names: an address that has not
-        // spoken is never sent to (docs/wire-protocol.md, "Answering only who spoke").
-        if (m.source != id) {
-          if (known)      // a client's first CONNECT comes from no client of ours: said only
-            std::printf(  // when a connected client names another address
-                "a CONNECT not from the address it names: answered once one comes from there\n");
-          if (!clients.count(id) && !departed.count(id))
-            departed[id] = {std::move(client), Clock::now()};
-          for (fi_addr_t old : departures.Unverified(id))  // the oldest leave the AVs now
-            if (auto d = departed.find(old); d != departed.end()) {
-              mail.Forget(old);
-              departures.Remove(old);
-              for (size_t l = 1; l < d->second.first.addresses.size() && !shm; ++l)
-                fi_av_remove(lanes[l].av.get(), &d->second.first.addresses[l], 1, 0);
-              departed.erase(d);
-            }
-          continue;
-        }
-        if (clients.count(id) && clients[id].nonce == token) continue;  // a repeat
-        departed.erase(id);  // the same address again: it is in use once more
-        departures.Revive(id);
-        mail.Seal(id, token);  // our answers carry the client's own token back
-        if (options.max_clients > 0 && !clients.count(id) &&
-            clients.size() >= options.max_clients) {
-          refuse(id, 0, "server full: " + std::to_string(clients.size()) + " clients");
-          departed[id] = {std::move(client), Clock::now()};
-          continue;
-        }
-        client.session = wire::NewToken();
-        client.nonce = token;
-        client.last_seen = Clock::now();
-        clients[id] = std::move(client);
-        std::printf("client %llu connected: region of %llu bytes, %zu lanes\n",
-                    static_cast<unsigned long long>(id),
-                    static_cast<unsigned long long>(connect->lanes[0].region.length), used);
-        // Our lane endpoints, the WRITEs' initiators: efa-direct takes a WRITE only from an
-        // initiator already in the target's AV (fi_efa(7)), so the client inserts each first.
-        std::vector<std::vector<uint8_t>> writers;
-        for (size_t l = 0; l < used; ++l) writers.push_back(lanes[l].Address());
-        mail.Send(id, wire::Accept{writers, 0, clients[id].session});
-      } else if (!known) {
-        std::printf("dropped a message from a sender that did not CONNECT\n");
-      } else if (!genuine) {
-        std::printf("dropped a message for client %llu without its session token\n", name);
-      } else if (auto* transfer = std::get_if<wire::Transfer>(&message)) {
-        clients[m.source].last_seen = Clock::now();
-        std::string why;
-        try {
-          for (const auto& region : clients[m.source].regions)
-            wire::ValidateTransfer(*transfer, region);
-          why = over_limits(m.source, *transfer);
-          if (why.empty())
-            active.push_back(
-                PrepareRequest(lanes, clients[m.source], m.source, std::move(*transfer)));
-          prepared = why.empty();
-        } catch (const std::exception& e) {  // a bad request, or no memory for it
-          why = e.what();
-        }
-        if (!why.empty()) refuse(m.source, transfer->request_id, why);
-      } else if (std::holds_alternative<wire::Bye>(message)) {
-        std::printf("client %llu done\n", name);
-        forget(m.source);
-      }
-      std::fflush(stdout);
+      if (!why.empty()) desk.Refuse(request->client, request->transfer.request_id, why);
     }
-    std::fflush(stdout);  // also the lines of messages dropped (`continue` above)
+    std::fflush(stdout);
   }
-  std::printf("served %llu clients\n", static_cast<unsigned long long>(served));
+  std::printf("served %llu clients\n", static_cast<unsigned long long>(desk.served()));
   std::fflush(stdout);
   for (auto& lane : lanes) lane.ep.reset();  // WRITEs still in the provider end with the
   return kExitOk;                            // endpoints, before their pages go
@@ -800,6 +653,55 @@ void CheckClientOptions(const Options& options) {
     throw UsageError("invalid --requests " + std::to_string(options.requests) + " (1 to " +
                      std::to_string(kMaxRequestsInFlight) + ")");
   if (options.window == 0) throw UsageError("invalid --window 0");
+}
+
+// The client's requests: `options.requests` of `options.pages` pages each, a share of one
+// random sample of the region's pages (so each request's pages are its own).
+std::vector<wire::Transfer> PlanRequests(const Options& options, uint64_t region_pages) {
+  const uint64_t total_pages = options.pages * options.requests;
+  const std::vector<uint32_t> all_pages = SamplePages(options.seed, total_pages, region_pages);
+  std::vector<wire::Transfer> requests(options.requests);
+  for (size_t r = 0; r < requests.size(); ++r) {
+    requests[r].request_id = static_cast<uint32_t>(r + 1);
+    requests[r].seed = options.seed;
+    requests[r].page_size = options.page_size;
+    requests[r].repeat = options.repeat;
+    requests[r].pages.assign(all_pages.begin() + r * options.pages,
+                             all_pages.begin() + (r + 1) * options.pages);
+  }
+  if (options.test_bad_page) requests.back().pages.back() = static_cast<uint32_t>(region_pages);
+  return requests;
+}
+
+// Every request got all its WRITEs (`arrived`, by request id), and every byte of its pages is
+// what the seed says. Returns the bytes verified.
+uint64_t VerifyRequests(const Options& options, PageBuffer& region,
+                        const std::vector<wire::Transfer>& requests,
+                        const std::vector<uint64_t>& arrived) {
+  for (size_t r = 1; r < arrived.size(); ++r) {
+    if (arrived[r] != requests[r - 1].pages.size() * options.repeat)
+      throw Error("request " + std::to_string(r) + " received " + std::to_string(arrived[r]) +
+                  " WRITEs");
+  }
+  region.SyncFromNic();
+  std::span<uint8_t> view = region.HostView();
+  if (options.test_corrupt) view[requests[0].pages[0] * options.page_size + 1] ^= 0x5a;
+  uint64_t verified = 0;
+  for (const auto& request : requests)
+    verified += VerifyPages(view, request.pages, request.page_size, request.seed);
+  return verified;
+}
+
+// Each lane's writer into that lane's AV before any WRITE is asked for (lane 0 has the
+// server already), as efa-direct requires of a target; on every provider, so that the path a
+// p5 on efa-direct takes is the one every test takes.
+void AddWriters(std::vector<Network>& lanes, const std::vector<std::vector<uint8_t>>& writers) {
+  if (writers.size() > lanes.size())
+    throw Error("the server named " + std::to_string(writers.size()) + " writers for our " +
+                std::to_string(lanes.size()) + " lanes");
+  for (size_t l = 1; l < writers.size(); ++l) lanes[l].AddPeerAddress(writers[l]);
+  std::printf("the server's writers are in our lanes' AVs: %zu of %zu lanes\n", writers.size(),
+              lanes.size());
 }
 
 int ClientMain(const Options& options) {
@@ -824,17 +726,7 @@ int ClientMain(const Options& options) {
   for (auto& lane : lanes) region_mrs.push_back(lane.Register(region, FI_REMOTE_WRITE));
   Mail mail(net, kRecvDepth, options.requests + 2);
 
-  const std::vector<uint32_t> all_pages = SamplePages(options.seed, total_pages, region_pages);
-  std::vector<wire::Transfer> requests(options.requests);
-  for (size_t r = 0; r < requests.size(); ++r) {
-    requests[r].request_id = static_cast<uint32_t>(r + 1);
-    requests[r].seed = options.seed;
-    requests[r].page_size = options.page_size;
-    requests[r].repeat = options.repeat;
-    requests[r].pages.assign(all_pages.begin() + r * options.pages,
-                             all_pages.begin() + (r + 1) * options.pages);
-  }
-  if (options.test_bad_page) requests.back().pages.back() = static_cast<uint32_t>(region_pages);
+  const std::vector<wire::Transfer> requests = PlanRequests(options, region_pages);
 
   uint64_t expected = total_pages * options.repeat;    // less what the server refuses
   std::vector<uint64_t> arrived(requests.size() + 1);  // per request id
@@ -869,16 +761,7 @@ int ClientMain(const Options& options) {
       net.PostRecv(*op);
       if (!message) return;
       if (auto* accept = std::get_if<wire::Accept>(&*message); accept != nullptr && !accepted) {
-        // Each lane's writer into that lane's AV before any WRITE is asked for (lane 0 has
-        // the server already), as efa-direct requires of a target; on every provider, so
-        // that the path a p5 on efa-direct takes is the one every test takes.
-        if (accept->writers.size() > lanes.size())
-          throw Error("the server named " + std::to_string(accept->writers.size()) +
-                      " writers for our " + std::to_string(lanes.size()) + " lanes");
-        for (size_t l = 1; l < accept->writers.size(); ++l)
-          lanes[l].AddPeerAddress(accept->writers[l]);
-        std::printf("the server's writers are in our lanes' AVs: %zu of %zu lanes\n",
-                    accept->writers.size(), lanes.size());
+        AddWriters(lanes, accept->writers);
         accepted = true;
         mail.Seal(server, accept->session);  // our TRANSFERs and BYE carry it
       } else if (auto* d = std::get_if<wire::Done>(&*message); d && answers(d->request_id)) {
@@ -928,15 +811,10 @@ int ClientMain(const Options& options) {
     connect.lanes.push_back(
         {lanes[l].Address(),
          lanes[l].Advertise(region_mrs[l].get(), region.nic_data(), region.size())});
-  mail.Seal(server, from_server.token());  // the server's answers carry it back
-  send(connect);
   // Again until answered: the server answers a CONNECT once one came from the address it names.
-  for (ConnectRepeat again; !accepted && refused.empty(); progress()) {
-    if (again.Expired(limit))  // a server that has never heard us takes none of our CONNECTs
-      Abandon(kProgram, "no answer from the server within " + std::to_string(options.timeout_s) +
-                            " s to our CONNECT (is it running at that address?)");
-    if (mail.Idle() && again.Due()) send(connect);  // our address is in the server's AV now
-  }
+  ConnectUntilAnswered(
+      mail, server, from_server.token(), connect, [&] { return accepted || !refused.empty(); },
+      progress, kProgram, options.timeout_s);
   if (!accepted) throw Error("the server refused the connection: " + refused);
   // The clock runs from the first request sent to the last WRITE landed: the server's work
   // (filling its pages) counts, and nothing a provider does with completions can shrink it.
@@ -950,18 +828,7 @@ int ClientMain(const Options& options) {
   send(wire::Bye{});
   while (!mail.Idle()) progress();  // every message of ours has left
   if (!refused.empty()) throw Error("the server refused " + refused);
-  for (size_t r = 1; r < arrived.size(); ++r) {
-    if (arrived[r] != requests[r - 1].pages.size() * options.repeat)
-      throw Error("request " + std::to_string(r) + " received " + std::to_string(arrived[r]) +
-                  " WRITEs");
-  }
-
-  region.SyncFromNic();
-  std::span<uint8_t> view = region.HostView();
-  if (options.test_corrupt) view[requests[0].pages[0] * options.page_size + 1] ^= 0x5a;
-  uint64_t verified = 0;
-  for (const auto& request : requests)
-    verified += VerifyPages(view, request.pages, request.page_size, request.seed);
+  const uint64_t verified = VerifyRequests(options, region, requests, arrived);
 
   Summary summary;
   summary.bytes = arrived_total * options.page_size;

@@ -33,6 +33,7 @@
 #include "options.hpp"
 #include "program.hpp"
 #include "provider.hpp"
+#include "provider_watch.hpp"
 #include "topology.hpp"
 
 namespace p5 {
@@ -219,6 +220,7 @@ void Network::PostRecv(Op& op) {
 bool Network::PostSend(Op& op, fi_addr_t dest) {
   op.kind = OpKind::kSend;
   op.peer = dest;
+  const InProvider inside("fi_send");  // spins for good on a dead shm peer's lock
   ssize_t rc = fi_send(ep.get(), op.buffer, op.length, op.desc, dest, &op.context);
   if (rc == -FI_EAGAIN) return false;
   FI_CHECK(rc);
@@ -239,6 +241,7 @@ bool Network::PostWrite(Op& op, fi_addr_t dest, const wire::RemoteRegion& region
   // once delivered, and a peer's commands are taken in order (WriteCompletion).
   op.signaled = !selective || !(flags & FI_MORE) || op.length > info->tx_attr->inject_size;
   const uint64_t report = op.signaled ? FI_COMPLETION | write_completion : FI_INJECT;
+  const InProvider inside("fi_writemsg");  // spins for good on a dead shm peer's lock
   ssize_t rc = fi_writemsg(ep.get(), &msg, FI_REMOTE_CQ_DATA | report | flags);
   if (rc == -FI_EAGAIN) return false;
   FI_CHECK(rc);

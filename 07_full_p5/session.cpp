@@ -20,7 +20,7 @@
 
 #include "engine.hpp"
 #include "error.hpp"
-#include "shm_lock.hpp"
+#include "provider_watch.hpp"
 
 namespace p5 {
 
@@ -297,9 +297,9 @@ service::Session::Leaving Peer::Leave() {
         return s->left.load(std::memory_order_acquire) || s->worker->exited;
       }))
     return Leaving::kDone;
-  // A thread's loop takes <= 100 ms; a thread waiting on a dead client's lock is let go within
-  // the patience of common/shm_lock.cpp.
-  const auto patience = std::chrono::duration<double>(std::max(2.0, kShmLockPatienceSeconds + 1));
+  // A thread's loop takes <= 100 ms; one stuck in a provider call ends the program within
+  // kStuckSeconds (common/provider_watch.hpp).
+  const auto patience = std::chrono::duration<double>(kStuckSeconds + 1);
   if (Clock::now() - *leaving_since < patience) return Leaving::kUnderway;
   if (!stuck) ++engine->stuck_leaves;
   stuck = true;

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "error.hpp"
+#include "provider_watch.hpp"
 
 namespace common {
 
@@ -42,8 +43,11 @@ template <typename OnDone, typename OnError>
 size_t ReadCompletions(fid_cq* cq, bool from, OnDone&& on_done, OnError&& on_error) {
   fi_cq_data_entry entries[kCqBatch];
   fi_addr_t sources[kCqBatch];
-  const ssize_t n =
-      from ? fi_cq_readfrom(cq, entries, kCqBatch, sources) : fi_cq_read(cq, entries, kCqBatch);
+  ssize_t n = 0;
+  {
+    const InProvider inside("fi_cq_read");  // shm spins in it for good on a message too long
+    n = from ? fi_cq_readfrom(cq, entries, kCqBatch, sources) : fi_cq_read(cq, entries, kCqBatch);
+  }
   if (n == -FI_EAGAIN) return 0;
   if (n == -FI_EAVAIL) {
     on_error(ReadCompletionError(cq));

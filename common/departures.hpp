@@ -17,11 +17,8 @@
 //
 // One shm 1.17 fault no server can keep clear of: a local process that sends to us and closes
 // its endpoint before we read its first message ends us by SIGSEGV in fi_cq_read (shm reads
-// the region of a name whose file has gone; tests/provider/shm_faults closed-peer). And one
-// that costs a wait: a client killed while it holds the spinlock of its shared-memory region
-// never releases it, and a send or WRITE to it would spin for good (tests/provider/shm_faults
-// locked-peer); the program's own pthread_spin_lock takes the lock over after 2 s
-// (common/shm_lock.cpp). A server over shm 1.x says both when it starts.
+// the region of a name whose file has gone; tests/provider/shm_faults closed-peer). A server
+// over shm 1.x says so when it starts.
 #pragma once
 
 #include <rdma/fabric.h>
@@ -36,7 +33,6 @@
 
 #include "address.hpp"
 #include "error.hpp"
-#include "shm_lock.hpp"
 
 namespace common {
 
@@ -55,10 +51,9 @@ class Departures {
     if (park_)
       std::printf(
           "warning: libfabric %u.%u's shm ends this server if a local process sends to it and "
-          "exits before its first message is read, and waits %.0f s on each client killed "
-          "while it holds its region's lock; to face untrusted local processes or clients "
-          "that may be killed, serve over tcp or with libfabric 2.x\n",
-          FI_MAJOR(fi_version()), FI_MINOR(fi_version()), kShmLockPatienceSeconds);
+          "exits before its first message is read (README.md, \"When the provider cannot go "
+          "on\")\n",
+          FI_MAJOR(fi_version()), FI_MINOR(fi_version()));
     // 2.6 (measured: tests/provider/shm_faults strangers; 1.17 holds): every process that
     // writes to an endpoint takes one of its 256 peer places, given back only by fi_av_remove
     // of an address the server inserted; a stranger's is never given back.

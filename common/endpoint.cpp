@@ -8,6 +8,7 @@
 #include "address.hpp"
 #include "error.hpp"
 #include "protocol.hpp"
+#include "provider_watch.hpp"
 #include "registration.hpp"
 
 namespace common {
@@ -81,6 +82,7 @@ void Endpoint::PostRecv(ControlOp& op) {
 bool Endpoint::PostSend(ControlOp& op, fi_addr_t dest) {
   op.receive = false;
   op.peer = dest;
+  const InProvider inside("fi_send");  // spins for good on a dead shm peer's lock
   const ssize_t rc = fi_send(ep.get(), op.buffer, op.length, op.desc, dest, &op.context);
   if (rc == -FI_EAGAIN) return false;
   FI_CHECK(rc);

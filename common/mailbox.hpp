@@ -25,6 +25,7 @@
 #include "error.hpp"
 #include "fabric_handles.hpp"
 #include "host_buffer.hpp"
+#include "program.hpp"
 #include "protocol.hpp"
 #include "registration.hpp"
 
@@ -225,5 +226,24 @@ class ConnectRepeat {
   Clock::time_point last_ = first_;
   Clock::duration wait_ = std::chrono::milliseconds(10);
 };
+
+// Sends `connect` to the server until `answered()` (ACCEPT or ERROR came), again on
+// ConnectRepeat's clock, calling `progress()` meanwhile; a client that is never answered
+// within `timeout_s` gives up (Abandon). `token`: the client's own, which the answers carry.
+template <typename Mail, typename Answered, typename Progress>
+void ConnectUntilAnswered(Mail& mail, fi_addr_t server, uint32_t token,
+                          const wire::Connect& connect, Answered&& answered, Progress&& progress,
+                          const char* program, double timeout_s) {
+  const auto limit = std::chrono::duration_cast<ConnectRepeat::Clock::duration>(
+      std::chrono::duration<double>(timeout_s));
+  mail.Seal(server, token);  // the server's answers carry it back
+  mail.Send(server, connect);
+  for (ConnectRepeat again; !answered(); progress()) {
+    if (again.Expired(limit))  // a server that has never heard us takes none of our CONNECTs
+      Abandon(program, "no answer from the server within " + std::to_string(timeout_s) +
+                           " s to our CONNECT (is it running at that address?)");
+    if (mail.Idle() && again.Due()) mail.Send(server, connect);  // in its AV now: answered
+  }
+}
 
 }  // namespace common

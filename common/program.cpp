@@ -17,6 +17,11 @@
 namespace common {
 
 static std::atomic<bool> stop_requested{false};
+static std::atomic<const char*> program_name{"program"};
+
+const char* ProgramName() {
+  return program_name.load();
+}
 static sem_t stop_signal;
 
 static void OnStopSignal(int) {
@@ -58,6 +63,7 @@ void Abandon(const char* program, const std::string& why) {
 }
 
 int RunProgram(const char* name, const std::function<int()>& body) {
+  program_name.store(name);
   try {
     return body();
   } catch (const Error& e) {

@@ -10,6 +10,8 @@ namespace common {
 // Runs `body`; an exception is printed as "NAME: error: MESSAGE" and mapped to its exit
 // code (UsageError 2, HardwareAbsent 77, anything else 1).
 int RunProgram(const char* name, const std::function<int()>& body);
+// The NAME RunProgram was given ("program" before): the lines said for it carry it.
+const char* ProgramName();
 
 // After this, SIGINT and SIGTERM only set a flag that StopRequested() returns, so loops
 // end cleanly and every handle is closed; if the program is still running

@@ -6,7 +6,7 @@
 // that the test chooses the moment (mid-transfer) however slowly a loaded host starts the program.
 // Over libfabric 1.17's shm, every later send or WRITE to that region then spins inside the
 // provider (for good in a program of its own, tests/provider/shm_faults.cpp, locked-peer; for
-// common/shm_lock.cpp's patience in the stages): 1.17's region lock, 2.6's inject-buffer lock.
+// the stages' stuck-call line and exit, common/provider_watch.hpp): 1.17's region lock, 2.6's inject-buffer lock.
 // A libfabric that takes no such lock lets the process live.
 #include <dlfcn.h>
 #include <pthread.h>
@@ -48,8 +48,7 @@ bool Chosen(const std::string& file) {
 
 }  // namespace
 
-// The hook is the unlock, not the lock: the stages define pthread_spin_lock themselves
-// (common/shm_lock.cpp), and an executable's definition is found before a preloaded one's.
+// The hook is the unlock: the holder dies with the lock taken, just before it would free it.
 extern "C" int pthread_spin_unlock(pthread_spinlock_t* lock) {
   using Unlock = int (*)(pthread_spinlock_t*);
   static const Unlock real = reinterpret_cast<Unlock>(dlsym(RTLD_NEXT, "pthread_spin_unlock"));

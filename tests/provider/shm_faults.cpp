@@ -41,7 +41,7 @@
 // good: the calling thread is lost. Here the peer is made to die holding it: this program's
 // pthread_spin_lock, which libfabric's calls reach first, kills the peer once it has taken a
 // lock that lives in /dev/shm, and 1 KiB messages make it take one. Nothing frees that
-// thread here; the stages take such a lock over after 2 s (common/shm_lock.cpp).
+// thread here; the stages say so and exit (common/provider_watch.hpp).
 //
 // strangers: does a peer the receiver knows still reach it after many processes it never
 // inserted into its AV have each sent it one message? 2.6: no, after 256 (every place of shm's
