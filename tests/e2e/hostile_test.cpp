@@ -281,6 +281,36 @@ TEST_P(Hostile, VanishedClientsGiveTheirPlacesBack) {
   EXPECT_EQ(done.out.find("server full"), std::string::npos) << done.out;
 }
 
+// 12b. Strangers that CONNECT and stay silent fill the server (--max-clients 16, 20 of them,
+// --peer-timeout far off): a good client still gets a place, from one that has moved nothing
+// for 2 s (common/reception.hpp), and is served at once. 03 and 05 once locked good clients
+// out until --peer-timeout. (07's service admits by its own rules.)
+TEST_P(Hostile, SilentStrangersYieldTheirPlaces) {
+  if (stage() == "07_full_p5") GTEST_SKIP() << "07's service has its own admission";
+  Attacked server(stage(), provider(), {"--peer-timeout", "60"});
+  ASSERT_FALSE(server.address().empty());
+  std::vector<std::string> argv = {HostilePeer()};
+  for (auto& a : ProviderArgs(provider())) argv.push_back(a);
+  argv.insert(argv.end(),
+              {server.address(), "flood", "--count", "20", "--hold", "12", "--seconds", "30"});
+  Process flood(argv);
+  ASSERT_TRUE(WaitForOutput(flood, "flood: 20 clients, 16 accepted, 4 refused", 60s))
+      << flood.Output() << server.process().Output();
+  std::this_thread::sleep_for(2500ms);  // every stranger has moved nothing for 2 s
+  const auto start = Clock::now();
+  Result r = RunClient(stage(), provider(), server.address(), Normal(stage()), 30s);
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err << server.process().Output();
+  EXPECT_EQ(NumberAfter(r.out, "verified "), Verified(stage())) << r.out;
+  EXPECT_LT(seconds, 10.0) << "admitted and served in " << seconds << " s";
+  std::printf("a good client among 20 silent strangers: served in %.2f s\n", seconds);
+  EXPECT_NE(server.process().Output().find("idle while another client waited for its place"),
+            std::string::npos)
+      << server.process().Output();
+  EXPECT_EQ(flood.Wait(60s).exit_code, 0);
+  server.Stop();
+}
+
 // 13. A process that never connected sends BYE, TRANSFERs and noise while a client is served:
 // none of it is credited to that client (libfabric 1.17's shm names a connected peer as their
 // source, and the client's session once ended with "it said BYE"). The session token drops
