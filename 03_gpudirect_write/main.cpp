@@ -450,6 +450,7 @@ int ServerMain(const Options& options) {
 }
 
 int ClientMain(const Options& options) {
+  InstallStopHandlers(kProgram);  // Ctrl-C or SIGTERM: BYE, then exit (SayByeAndStop)
   const std::vector<uint8_t> peer = FromHex(options.peer);
   CheckRequestSize(options);
   Network net = Network::Open(options, peer, ResolveMemory(options.memory));
@@ -508,6 +509,9 @@ int ClientMain(const Options& options) {
     Abandon(kProgram, "an operation failed: " + error.text);
   };
   auto progress = [&] {
+    if (StopRequested())
+      SayByeAndStop(
+          mail, server, [&] { net.PollCompletion(on_done, on_error); }, kProgram);
     if (net.PollCompletion(on_done, on_error) > 0) last_progress = Clock::now();
     if (!mail.Flush(limit).empty())
       Abandon(kProgram, "no answer from the server within " + std::to_string(options.timeout_s) +

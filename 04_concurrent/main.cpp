@@ -540,6 +540,7 @@ uint64_t VerifyRequests(const Options& options, PageBuffer& region,
 }
 
 int ClientMain(const Options& options) {
+  InstallStopHandlers(kProgram);  // Ctrl-C or SIGTERM: BYE, then exit (SayByeAndStop)
   const std::vector<uint8_t> peer = FromHex(options.peer);
   CheckClientOptions(options);
   const auto began = Clock::now();
@@ -616,6 +617,9 @@ int ClientMain(const Options& options) {
     Abandon(kProgram, "an operation failed: " + error.text);
   };
   auto progress = [&] {
+    if (StopRequested())
+      SayByeAndStop(
+          mail, server, [&] { net.PollCompletion(on_done, on_error); }, kProgram);
     if (net.PollCompletion(on_done, on_error) > 0) last_progress = Clock::now();
     if (!mail.Flush(limit).empty())
       Abandon(kProgram, "no answer from the server within " + std::to_string(options.timeout_s) +

@@ -562,6 +562,7 @@ uint64_t VerifyRequests(const Options& options, PageBuffer& region,
 }
 
 int ClientMain(const Options& options) {
+  InstallStopHandlers(kProgram);  // Ctrl-C or SIGTERM: BYE, then exit (SayByeAndStop)
   const std::vector<uint8_t> peer = FromHex(options.peer);
   CheckClientOptions(options);
   const auto began = Clock::now();
@@ -639,6 +640,9 @@ int ClientMain(const Options& options) {
   };
   IdleBackoff backoff;
   auto progress = [&] {
+    if (StopRequested())
+      SayByeAndStop(
+          mail, server, [&] { net.PollCompletion(on_done, on_error); }, kProgram);
     if (net.PollCompletion(on_done, on_error) > 0) {
       last_progress = Clock::now();
       backoff.Busy();

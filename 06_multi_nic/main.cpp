@@ -705,6 +705,7 @@ void AddWriters(std::vector<Network>& lanes, const std::vector<std::vector<uint8
 }
 
 int ClientMain(const Options& options) {
+  InstallStopHandlers(kProgram);  // Ctrl-C or SIGTERM: BYE, then exit (SayByeAndStop)
   const std::vector<uint8_t> peer = FromHex(options.peer);
   CheckClientOptions(options);
   const auto began = Clock::now();
@@ -787,6 +788,9 @@ int ClientMain(const Options& options) {
   };
   IdleBackoff backoff;
   auto progress = [&] {
+    if (StopRequested())
+      SayByeAndStop(
+          mail, server, [&] { net.PollCompletion(on_done, on_error); }, kProgram);
     size_t done = 0;
     for (auto& lane : lanes) done += lane.PollCompletion(on_done, on_error);  // on every lane
     if (!mail.Flush(limit).empty())

@@ -170,11 +170,12 @@ void RunReceiver(Receiver& r, std::span<Network> lanes, size_t requests, WaitMod
 struct Receivers {
   std::vector<std::unique_ptr<Receiver>> threads;
   std::atomic<bool> stop{false};
-  ~Receivers() {
+  void Stop() {
     stop = true;
     for (auto& r : threads)
       if (r->thread.joinable()) r->thread.join();
   }
+  ~Receivers() { Stop(); }
 };
 // One client session: connect with `engine`, warm every lane up, send the requests, count
 // and time the WRITEs, verify. The server makes it an entry of its engine. Each step is a
@@ -203,6 +204,7 @@ class ClientSession {
   bool Answers(uint32_t id);
   void Send(const wire::Message& message) { mail_->Send(server_, message); }
   void Progress();
+  size_t PollControl();  // the control endpoint's completions
   void WatchLanes();
   std::string Missing() const;
   bool InsideProvider();
@@ -537,12 +539,28 @@ bool ClientSession::InsideProvider() {
 }
 // One round of the main thread: control messages, our sends, the receivers' failures and signs
 // of life; it ends the session when the server has been silent for --timeout.
-void ClientSession::Progress() {
-  size_t n = control_.PollCompletion(
+size_t ClientSession::PollControl() {
+  return control_.PollCompletion(
       [this](Op* op, const fi_cq_data_entry& e, fi_addr_t from) { OnControl(op, e, from); },
       [](Op*, const CompletionError& error) {
         Abandon(kProgram, "a control message failed: " + error.text);
       });
+}
+void ClientSession::Progress() {
+  if (StopRequested()) {  // Ctrl-C or SIGTERM: BYE; then no thread left in the provider, exit
+    SayBye(*mail_, server_, [this] { PollControl(); });
+    // WRITEs the server had in flight land before the receivers stop (1.17's shm completes
+    // a lane's WRITEs in order: one left behind would stop the server's lane for good).
+    const auto end = Clock::now() + std::chrono::seconds(3);
+    for (auto [seen, quiet] = std::pair(ArrivedTotal(), Clock::now());
+         Clock::now() - quiet < std::chrono::milliseconds(300) && Clock::now() < end;) {
+      PollControl();
+      if (ArrivedTotal() != seen) std::tie(seen, quiet) = std::pair(ArrivedTotal(), Clock::now());
+    }
+    receivers_.Stop();
+    Abandon(kProgram, kStoppedWhy);
+  }
+  size_t n = PollControl();
   if (!mail_->Flush(limit_).empty())
     Abandon(kProgram, "no answer from the server within " + FormatSeconds(limit_) +
                           ": it takes none of our messages (is it running at that address?)");

@@ -320,6 +320,7 @@ int ServerMain(const Options& options) {
   return service::Serve(options, *plan.lanes[0], wait, engine);
 }
 int ClientMain(const Options& options) {
+  InstallStopHandlers(kProgram);  // Ctrl-C or SIGTERM: BYE, then exit (SayByeAndStop)
   const std::vector<uint8_t> peer = FromHex(options.peer);
   CheckClientOptions(options);
   if (options.ladder) return RunLadder(options, peer);

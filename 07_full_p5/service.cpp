@@ -250,7 +250,10 @@ bool Service::PollSessions() {
     std::string why = report.failure;
     if (why.empty() && now - last_sign > peer_timeout_)
       why = "silent for " + Seconds(std::chrono::duration<double>(now - last_sign).count());
-    if (!why.empty()) {
+    if (!why.empty() && c.leaving) {  // it said BYE mid-request: what failed was for it
+      Close(c.number,
+            "done (" + std::to_string(c.open_requests) + " requests unfinished after its BYE)");
+    } else if (!why.empty()) {
       Close(c.number, "lost: " + why);
     } else if (c.leaving && c.open_requests == 0) {
       Close(c.number, "done");

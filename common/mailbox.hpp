@@ -227,6 +227,32 @@ class ConnectRepeat {
   Clock::duration wait_ = std::chrono::milliseconds(10);
 };
 
+// A client stopped by Ctrl-C or SIGTERM says BYE and goes, so that its server frees its place
+// at once instead of waiting out --peer-timeout. SayBye sends it and what else is queued
+// (for at most a second of `poll()`), then polls 0.3 s more while the server reads it and
+// finishes what it had in flight: over tcp its WRITEs would otherwise fail as our endpoints
+// close, and over shm 1.17 never complete. Then "error: stopped" and exit 1 (Abandon), with no
+// thread of ours inside a provider call (one cut off there can leave a shm lock held).
+inline constexpr const char* kStoppedWhy =
+    "stopped (SIGINT or SIGTERM) before the transfer ended; said BYE";
+template <typename Mail, typename Poll>
+void SayBye(Mail& mail, fi_addr_t server, Poll&& poll) {
+  using Clock = std::chrono::steady_clock;
+  mail.Send(server, wire::Bye{});
+  const auto deadline = Clock::now() + std::chrono::seconds(1);
+  while (!mail.Idle() && Clock::now() < deadline) {
+    poll();
+    mail.Flush(std::chrono::seconds(1));
+  }
+  for (const auto linger = Clock::now() + std::chrono::milliseconds(300); Clock::now() < linger;)
+    poll();
+}
+template <typename Mail, typename Poll>
+[[noreturn]] void SayByeAndStop(Mail& mail, fi_addr_t server, Poll&& poll, const char* program) {
+  SayBye(mail, server, poll);
+  Abandon(program, kStoppedWhy);
+}
+
 // Sends `connect` to the server until `answered()` (ACCEPT or ERROR came), again on
 // ConnectRepeat's clock, calling `progress()` meanwhile; a client that is never answered
 // within `timeout_s` gives up (Abandon). `token`: the client's own, which the answers carry.

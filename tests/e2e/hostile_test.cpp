@@ -311,6 +311,31 @@ TEST_P(Hostile, SilentStrangersYieldTheirPlaces) {
   server.Stop();
 }
 
+// 12c. A client stopped by SIGTERM mid-transfer says BYE and exits 1 with the reason: its
+// server ends the session at once ("done"), not after --peer-timeout ("silent"), and the next
+// client is served.
+TEST_P(Hostile, StoppedClientSaysBye) {
+  Attacked server(stage(), provider(), {"--peer-timeout", "60"});
+  ASSERT_FALSE(server.address().empty());
+  std::vector<std::string> argv = {StageBinary(stage())};
+  for (auto& a : ProviderArgs(provider())) argv.push_back(a);
+  argv.push_back(server.address());
+  for (auto& a : Normal(stage(), {"--repeat", "1000000"})) argv.push_back(a);
+  Process client(argv);
+  ASSERT_TRUE(WaitForOutput(server.process(), " connected", 20s)) << server.process().Output();
+  std::this_thread::sleep_for(500ms);  // well into its transfer
+  client.Signal(SIGTERM);
+  Result r = client.Wait(10s);
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  EXPECT_NE(r.err.find("stopped (SIGINT or SIGTERM) before the transfer ended; said BYE"),
+            std::string::npos)
+      << r.err;
+  EXPECT_TRUE(WaitForOutput(server.process(), " done", 10s)) << server.process().Output();
+  server.ExpectServed();
+  Result done = server.Stop();
+  EXPECT_EQ(done.out.find("silent for"), std::string::npos) << done.out;
+}
+
 // 13. A process that never connected sends BYE, TRANSFERs and noise while a client is served:
 // none of it is credited to that client (libfabric 1.17's shm names a connected peer as their
 // source, and the client's session once ended with "it said BYE"). The session token drops
