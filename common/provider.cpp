@@ -133,6 +133,16 @@ static FiInfoPtr ProviderEntries(const fi_info& hints, const std::string& asked,
     const std::string why = ShmProblem();
     if (!why.empty()) throw UsageError("provider shm cannot start here: " + why);
   }
+  // A provider of a NIC this host lacks (efa on a host without EFA) is absent hardware, not a
+  // typing error: exit 77, as for a GPU that is not there.
+  static const char* const kNicProviders[] = {"efa", "verbs", "psm2",  "psm3",
+                                              "cxi", "opx",   "usnic", "ucx"};
+  for (const char* nic : kNicProviders)
+    if (!known && chosen == nic)
+      throw HardwareAbsent("provider '" + asked +
+                           "' is not on this machine (no such NIC, or its "
+                           "driver is not loaded); this machine has: " +
+                           Join(all));
   if (!known)
     throw UsageError("unknown provider '" + asked + "' (this machine has: " + Join(all) + ")");
   throw UsageError("provider '" + chosen +

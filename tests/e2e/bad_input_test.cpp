@@ -5,6 +5,7 @@
 #include <string>
 
 #include "process.hpp"
+#include "provider.hpp"
 
 using namespace testing_support;
 using namespace std::chrono_literals;
@@ -45,6 +46,17 @@ TEST_P(BadInput, UnknownProviderListsThisMachines) {
                    "unknown provider 'nosuchfabric' (this machine has: ");
   Result r = RunToEnd({StageBinary(GetParam()), "-p", "nosuchfabric"}, 20s);
   EXPECT_NE(r.err.find("shm"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("tcp"), std::string::npos) << r.err;
+}
+
+// A NIC's provider that this host lacks is absent hardware (exit 77, README's contract), named
+// with what the host offers; a name libfabric does not know is a usage error (above).
+TEST_P(BadInput, AbsentNicProviderExits77) {
+  for (const auto& name : common::AvailableProviders())
+    if (name == "efa") GTEST_SKIP() << "this host has efa";
+  Result r = RunToEnd({StageBinary(GetParam()), "-p", "efa", "00"}, 20s);
+  EXPECT_EQ(r.exit_code, 77) << r.out << r.err;
+  EXPECT_NE(r.err.find("provider 'efa' is not on this machine"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("tcp"), std::string::npos) << r.err;
 }
 
