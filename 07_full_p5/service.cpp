@@ -31,6 +31,7 @@ constexpr size_t kSendDepth = 16;
 // endpoint) are never freed: past this many the server refuses new clients and says why,
 // rather than let them hold the engine's queues for good.
 constexpr size_t kMaxStuckSessions = 64;
+constexpr auto kIdleYield = std::chrono::seconds(2);  // see Service::Full
 
 using Mail = Mailbox<Endpoint, ControlOp>;
 
@@ -416,8 +417,19 @@ void Service::OnConnect(const wire::Connect& connect, fi_addr_t source, uint32_t
   if (!Full(id, number)) Admit(connect, id, number, token, std::move(reply), std::move(lanes));
 }
 // Refuses a client the server has no room for: --max-clients, or too many stuck sessions.
+// When full, a client that has moved nothing for kIdleYield (no request open, no message)
+// gives its place to the newcomer first, so silent strangers cannot lock clients out.
 bool Service::Full(fi_addr_t id, uint64_t number) {
   std::string why;
+  if (options_.max_clients > 0 && clients_.size() >= options_.max_clients) {
+    auto idlest = clients_.end();
+    for (auto c = clients_.begin(); c != clients_.end(); ++c)
+      if (c->second.open_requests == 0 && !c->second.leaving &&
+          (idlest == clients_.end() || c->second.last_message < idlest->second.last_message))
+        idlest = c;
+    if (idlest != clients_.end() && Clock::now() - idlest->second.last_message >= kIdleYield)
+      Close(idlest->first, "lost: idle while another client waited for its place");
+  }
   if (options_.max_clients > 0 && clients_.size() >= options_.max_clients)
     why = "server full: " + std::to_string(clients_.size()) + " clients (--max-clients)";
   else if (leavers_.Stuck() >= kMaxStuckSessions)  // each holds a window of the engine's queues
