@@ -36,8 +36,8 @@ double UnixSeconds() {
 }
 
 // Over shm, our endpoints' files in /dev/shm, which a server opens to reach them: one that is
-// gone (removed while we ran: a CI run of 2.6 once saw its server refuse a client's every
-// CONNECT for want of its lane's file) is named, for a client whose CONNECT went unanswered.
+// gone (removed while we ran, by a cleanup that was not ours) is named, for a client whose
+// CONNECT went unanswered: the server refuses every CONNECT naming it.
 std::string EndpointFilesGone(const Network& control, const std::vector<Network>& lanes) {
   std::string gone;
   auto check = [&](const Network& n, const std::string& what) {
