@@ -2,8 +2,9 @@
 //
 // Both sides keep receives posted. The client SENDs CONNECT with its own address; the server
 // inserts that address into its AV, and from then on the provider tells it who sent each
-// message (FI_SOURCE). The server answers every TEXT with the text reversed; the client
-// prints the answer and says BYE. The walkthrough is in README.md.
+// message (FI_SOURCE). The server answers every TEXT with a REPLY, the text reversed; the
+// client prints the answer and says BYE. The messages are the project's wire protocol
+// (common/protocol.hpp), which every later stage speaks. The walkthrough is in README.md.
 
 #include <rdma/fabric.h>
 #include <rdma/fi_cm.h>
@@ -24,11 +25,14 @@
 
 #include "address.hpp"
 #include "backoff.hpp"
+#include "completion.hpp"
 #include "error.hpp"
 #include "fabric_handles.hpp"
 #include "host_buffer.hpp"
+#include "mailbox.hpp"
 #include "options.hpp"
 #include "program.hpp"
+#include "protocol.hpp"
 #include "provider.hpp"
 
 using namespace common;
@@ -36,19 +40,9 @@ using namespace common;
 namespace {
 
 constexpr const char* kProgram = "02_bidirectional";
-constexpr size_t kMessageBytes = 4096;  // every message buffer has this size
-constexpr size_t kRecvDepth = 8;        // receives each side keeps posted
-constexpr size_t kCqBatch = 16;         // completions read per fi_cq_read
+constexpr size_t kRecvDepth = 8;  // receives each side keeps posted
 
 using Clock = std::chrono::steady_clock;
-
-// Every message starts with this header; `length` counts the bytes after it.
-enum class MessageType : uint32_t { kConnect = 1, kText = 2, kReply = 3, kBye = 4, kAccept = 5 };
-
-struct MessageHeader {
-  MessageType type;
-  uint32_t length;
-};
 
 // One posted operation. libfabric hands `context` back in the completion (FI_CONTEXT2 mode
 // reserves it for the provider), and from it we find the whole Op again.
@@ -72,11 +66,23 @@ class Network {
   static Network Open(const Options& options, std::span<const uint8_t> peer);
   std::vector<uint8_t> Address() const;
   fi_addr_t AddPeerAddress(std::span<const uint8_t> address);
-  MrPtr RegisterMemory(void* data, size_t size, uint64_t access);
   void PostRecv(Op& op);
   bool PostSend(Op& op, fi_addr_t dest);
-  size_t PollCompletion(const std::function<void(Op&, const fi_cq_data_entry&, fi_addr_t)>& on_done,
-                        const std::function<void(Op*, const std::string&)>& on_error);
+  // on_done(op, entry, source) for each completion; on_error(op, error) for a failure.
+  template <typename OnDone, typename OnError>
+  size_t PollCompletion(OnDone&& on_done, OnError&& on_error) {
+    const size_t n = ReadCompletions(
+        cq.get(), true,
+        [&](const fi_cq_data_entry& e, fi_addr_t source) {
+          on_done(OpOf(e.op_context), e, source);
+        },
+        [&](const CompletionError& e) { on_error(OpOf(e.op_context), e); });
+    if (n == 0)
+      idle.Idle();  // nothing yet: yield a little, then nap (common/backoff.hpp)
+    else
+      idle.Busy();
+    return n;
+  }
 
   // Declared in creation order, so they are closed in reverse.
   FiInfoPtr info;
@@ -146,20 +152,10 @@ fi_addr_t Network::AddPeerAddress(std::span<const uint8_t> address) {
   return addr;
 }
 
-MrPtr Network::RegisterMemory(void* data, size_t size, uint64_t access) {
-  fi_mr_attr attr{};
-  iovec iov{data, size};
-  attr.mr_iov = &iov;
-  attr.iov_count = 1;
-  attr.access = access;
-  fid_mr* mr = nullptr;
-  FI_CHECK(fi_mr_regattr(domain.get(), &attr, 0, &mr));
-  return MrPtr(mr);
-}
-
 void Network::PostRecv(Op& op) {
   op.kind = OpKind::kRecv;
-  FI_CHECK(fi_recv(ep.get(), op.buffer, kMessageBytes, op.desc, FI_ADDR_UNSPEC, &op.context));
+  FI_CHECK(
+      fi_recv(ep.get(), op.buffer, wire::kMaxMessageBytes, op.desc, FI_ADDR_UNSPEC, &op.context));
 }
 
 // False when the provider's queue is full (-FI_EAGAIN): poll completions, then try again.
@@ -172,56 +168,14 @@ bool Network::PostSend(Op& op, fi_addr_t dest) {
   return true;
 }
 
-// Reads finished operations: on_done for each one, on_error for one that failed.
-size_t Network::PollCompletion(
-    const std::function<void(Op&, const fi_cq_data_entry&, fi_addr_t)>& on_done,
-    const std::function<void(Op*, const std::string&)>& on_error) {
-  fi_cq_data_entry entries[kCqBatch];
-  fi_addr_t sources[kCqBatch];  // the sender's AV entry, or FI_ADDR_NOTAVAIL if not inserted
-  ssize_t n = fi_cq_readfrom(cq.get(), entries, kCqBatch, sources);
-  if (n == -FI_EAGAIN) {
-    idle.Idle();  // nothing yet: yield a little, then nap (common/backoff.hpp)
-    return 0;
-  }
-  idle.Busy();
-  if (n == -FI_EAVAIL) {
-    fi_cq_err_entry err{};
-    FI_CHECK(fi_cq_readerr(cq.get(), &err, 0));
-    char detail[256] = "";
-    fi_cq_strerror(cq.get(), err.prov_errno, err.err_data, detail, sizeof(detail));
-    on_error(OpOf(err.op_context), std::string(fi_strerror(err.err)) + " (" + detail + ")");
-    return 1;
-  }
-  FI_CHECK(n);
-  for (ssize_t i = 0; i < n; ++i) on_done(*OpOf(entries[i].op_context), entries[i], sources[i]);
-  return static_cast<size_t>(n);
-}
+// The control messages: receives kept posted, and a queue of messages to send that never
+// makes us wait (common/mailbox.hpp).
+using Mail = Mailbox<Network, Op>;
 
-// Writes a message into a free send buffer and SENDs it, polling while none is free or the
-// queue is full, for at most `limit`. False when it gave up: a peer that does not take our
-// messages is dropped, never waited for.
-bool SendMessage(Network& net, std::vector<Op*>& free_sends, fi_addr_t dest, MessageType type,
-                 std::span<const uint8_t> payload, const std::function<void()>& progress,
-                 Clock::duration limit) {
-  const auto deadline = Clock::now() + limit;
-  while (free_sends.empty()) {
-    if (Clock::now() > deadline) return false;
-    progress();
-  }
-  Op& op = *free_sends.back();
-  free_sends.pop_back();
-  MessageHeader header{type, static_cast<uint32_t>(payload.size())};
-  std::memcpy(op.buffer, &header, sizeof(header));
-  std::memcpy(op.buffer + sizeof(header), payload.data(), payload.size());
-  op.length = sizeof(header) + payload.size();
-  while (!net.PostSend(op, dest)) {
-    if (Clock::now() > deadline) {
-      free_sends.push_back(&op);  // never posted: free again
-      return false;
-    }
-    progress();
-  }
-  return true;
+void PrintHeader(const char* role, const Network& net) {
+  std::printf("%s %s: provider %s, domain %s\n", kProgram, role, net.info->fabric_attr->prov_name,
+              net.info->domain_attr->name);
+  std::fflush(stdout);
 }
 
 struct Received {
@@ -232,55 +186,40 @@ struct Received {
 int ServerMain(const Options& options) {
   InstallStopHandlers(kProgram);
   Network net = Network::Open(options, {});
-  std::printf("provider: %s, domain: %s\n", net.info->fabric_attr->prov_name,
-              net.info->domain_attr->name);
+  PrintHeader("server", net);
   PublishAddress(net.Address(), options.address_file);
   const auto limit =
       std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(options.timeout_s));
 
-  // Receive buffers first, then one send buffer per receive.
-  HostBuffer buffers(2 * kRecvDepth * kMessageBytes);
-  MrPtr mr = net.RegisterMemory(buffers.data(), buffers.size(), FI_RECV | FI_SEND);
-  std::vector<Op> recvs(kRecvDepth), sends(kRecvDepth);
-  std::vector<Op*> free_sends;
-  for (size_t i = 0; i < kRecvDepth; ++i) {
-    recvs[i].buffer = buffers.data() + i * kMessageBytes;
-    recvs[i].desc = fi_mr_desc(mr.get());
-    net.PostRecv(recvs[i]);
-    sends[i].buffer = buffers.data() + (kRecvDepth + i) * kMessageBytes;
-    sends[i].desc = fi_mr_desc(mr.get());
-    free_sends.push_back(&sends[i]);
-  }
-
-  // The completion callback only collects messages; the main loop answers them. Answering
-  // from inside the callback would poll (to wait for a send buffer) inside a poll.
+  Mail mail(net, kRecvDepth, kRecvDepth);
+  // The completion callback only collects messages; the main loop answers them, so that
+  // answering never polls inside a poll.
   uint64_t served = 0;
   std::deque<Received> inbox;
-  auto on_done = [&](Op& op, const fi_cq_data_entry& done, fi_addr_t source) {
-    if (op.kind == OpKind::kSend) {
-      free_sends.push_back(&op);
-      return;
-    }
-    inbox.push_back({{op.buffer, op.buffer + done.len}, source});
-    net.PostRecv(op);  // hand the buffer back before the next message needs it
+  auto on_done = [&](Op* op, const fi_cq_data_entry& done, fi_addr_t source) {
+    if (op->kind == OpKind::kSend) mail.Sent(op);
+    if (op->kind != OpKind::kRecv) return;
+    inbox.push_back({{op->buffer, op->buffer + done.len}, source});
+    net.PostRecv(*op);  // hand the buffer back before the next message needs it
   };
   // A failure concerns one message or one peer: say so, and keep serving.
-  auto on_error = [&](Op* op, const std::string& error) {
-    if (op != nullptr && op->kind == OpKind::kRecv) {
-      std::printf("dropped a message: %s\n", error.c_str());
+  auto on_error = [&](Op* op, const CompletionError& error) {
+    if (op->kind == OpKind::kRecv) {  // too long for our buffer, or cut off
+      std::printf("dropped a message: %s\n", error.text.c_str());
       net.PostRecv(*op);
-    } else if (op != nullptr) {
+    } else {
       std::printf("client %llu: a SEND failed: %s\n", static_cast<unsigned long long>(op->peer),
-                  error.c_str());
-      free_sends.push_back(op);
+                  error.text.c_str());
+      mail.Sent(op);
     }
     std::fflush(stdout);
   };
-  auto progress = [&] { net.PollCompletion(on_done, on_error); };
-  auto answer = [&](fi_addr_t dest, MessageType type, std::span<const uint8_t> payload) {
-    if (!SendMessage(net, free_sends, dest, type, payload, progress, limit))
+  // Completions, then the messages waiting to go out; a peer that takes none is lost.
+  auto progress = [&] {
+    net.PollCompletion(on_done, on_error);
+    for (fi_addr_t peer : mail.Flush(limit))
       std::printf("client %llu does not take our messages\n",
-                  static_cast<unsigned long long>(dest));
+                  static_cast<unsigned long long>(peer));
   };
 
   while (!StopRequested() && (options.exit_after == 0 || served < options.exit_after)) {
@@ -288,15 +227,19 @@ int ServerMain(const Options& options) {
     while (!inbox.empty()) {
       Received m = std::move(inbox.front());
       inbox.pop_front();
-      MessageHeader header{};
-      std::memcpy(&header, m.bytes.data(), std::min(m.bytes.size(), sizeof(header)));
-      const uint8_t* payload = m.bytes.data() + sizeof(header);
-      if (m.bytes.size() < sizeof(header) || header.length != m.bytes.size() - sizeof(header)) {
-        std::printf("dropped a malformed message of %zu bytes\n", m.bytes.size());
-      } else if (header.type == MessageType::kConnect) {
+      const auto name = static_cast<unsigned long long>(m.source);
+      wire::Message message;
+      uint32_t token = 0;
+      try {
+        message = wire::Decode(m.bytes, &token);  // every field checked before we act
+      } catch (const wire::ProtocolError& e) {
+        std::printf("dropped a message: %s\n", e.what());
+        continue;
+      }
+      if (auto* connect = std::get_if<wire::Connect>(&message)) {
         fi_addr_t client = FI_ADDR_UNSPEC;
         try {
-          client = net.AddPeerAddress({payload, header.length});
+          client = net.AddPeerAddress(connect->lanes[0].address);
         } catch (const Error& e) {
           std::printf("dropped a CONNECT: %s\n", e.what());
           continue;
@@ -304,22 +247,24 @@ int ServerMain(const Options& options) {
         std::printf("client %llu connected\n", static_cast<unsigned long long>(client));
         // ACCEPT: only now may the client send more. A message read in the same batch as
         // its sender's CONNECT would come from FI_ADDR_NOTAVAIL.
-        answer(client, MessageType::kAccept, {});
+        mail.Seal(client, token);  // our answers carry the client's own token back
+        mail.Send(client, wire::Accept{{}, 0, wire::NewToken()});
       } else if (m.source == FI_ADDR_NOTAVAIL) {
         std::printf("dropped a message from a client that did not CONNECT\n");
-      } else if (header.type == MessageType::kText) {
-        std::string text(reinterpret_cast<const char*>(payload), header.length);
-        std::printf("client %llu: %s\n", static_cast<unsigned long long>(m.source), text.c_str());
-        std::reverse(text.begin(), text.end());
-        answer(m.source, MessageType::kReply,
-               {reinterpret_cast<const uint8_t*>(text.data()), text.size()});
-      } else if (header.type == MessageType::kBye) {
-        std::printf("client %llu done\n", static_cast<unsigned long long>(m.source));
+      } else if (auto* text = std::get_if<wire::Text>(&message)) {
+        std::printf("client %llu: %s\n", name, text->text.c_str());
+        mail.Send(m.source, wire::Reply{{text->text.rbegin(), text->text.rend()}});
+      } else if (std::holds_alternative<wire::Bye>(message)) {
+        std::printf("client %llu done\n", name);
         // Our answers to it leave the AV with it: let them complete first (bounded).
         const auto deadline = Clock::now() + limit;
-        while (free_sends.size() < sends.size() && Clock::now() < deadline) progress();
+        while (mail.Busy(m.source) && Clock::now() < deadline) progress();
+        mail.Forget(m.source);
         fi_av_remove(net.av.get(), &m.source, 1, 0);
         ++served;
+      } else {  // a client of a later stage: told, not left to time out
+        mail.Send(m.source, wire::ErrorReply{0, std::string(kProgram) + " serves TEXT, not " +
+                                                    wire::NameOf(message)});
       }
       std::fflush(stdout);
     }
@@ -329,75 +274,74 @@ int ServerMain(const Options& options) {
 }
 
 int ClientMain(const Options& options) {
+  InstallStopHandlers(kProgram);  // Ctrl-C or SIGTERM: BYE, then exit (SayByeAndStop)
   const std::vector<uint8_t> peer = FromHex(options.peer);
-  if (options.text.size() + sizeof(MessageHeader) > kMessageBytes)
+  if (options.text.size() > wire::kMaxTextBytes)
     throw UsageError("message of " + std::to_string(options.text.size()) +
-                     " bytes is longer than " +
-                     std::to_string(kMessageBytes - sizeof(MessageHeader)));
+                     " bytes is longer than " + std::to_string(wire::kMaxTextBytes));
   Network net = Network::Open(options, peer);
   fi_addr_t server = net.AddPeerAddress(peer);
-
-  // One receive for the answer, and one buffer for each message we send.
-  HostBuffer buffers(4 * kMessageBytes);
-  MrPtr mr = net.RegisterMemory(buffers.data(), buffers.size(), FI_RECV | FI_SEND);
-  Op recv, connect, text, bye;
-  Op* ops[] = {&recv, &connect, &text, &bye};
-  for (size_t i = 0; i < 4; ++i) {
-    ops[i]->buffer = buffers.data() + i * kMessageBytes;
-    ops[i]->desc = fi_mr_desc(mr.get());
-  }
-  net.PostRecv(recv);  // posted before we ask, so the answer always finds a buffer
-
+  PrintHeader("client", net);
   const auto limit =
       std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(options.timeout_s));
-  const auto deadline = Clock::now() + limit;
-  std::vector<Op*> free_sends = {&connect, &text, &bye};
-  size_t sends_done = 0;
-  std::string answer;
-  bool accepted = false, answered = false;
-  auto on_done = [&](Op& op, const fi_cq_data_entry& done, fi_addr_t) {
-    if (op.kind == OpKind::kSend) {
-      ++sends_done;
-      return;
+
+  // Receives posted before we ask, so the answer always finds a buffer.
+  Mail mail(net, kRecvDepth, 3);
+  std::optional<std::string> answer;
+  std::string refused;
+  bool accepted = false;
+  auto last_progress = Clock::now();
+  // Only our server's messages count; anyone else's are dropped and counted.
+  ServerFilter from_server(server, wire::NewToken());
+  auto on_done = [&](Op* op, const fi_cq_data_entry& entry, fi_addr_t source) {
+    if (op->kind == OpKind::kSend) {
+      mail.Sent(op);
+    } else if (op->kind == OpKind::kRecv) {
+      std::optional<wire::Message> message = from_server.Take({op->buffer, entry.len}, source);
+      net.PostRecv(*op);
+      if (!message) return;
+      if (auto* accept = std::get_if<wire::Accept>(&*message)) {
+        accepted = true;
+        mail.Seal(server, accept->session);  // our TEXT and BYE carry it
+      } else if (auto* error = std::get_if<wire::ErrorReply>(&*message)) {
+        refused = error->text;
+      } else if (auto* reply = std::get_if<wire::Reply>(&*message)) {
+        answer = reply->text;
+      } else {
+        from_server.Ignore("a message that answers nothing we asked");
+      }
     }
-    MessageHeader header{};
-    std::memcpy(&header, op.buffer, std::min(done.len, sizeof(header)));
-    if (done.len == sizeof(header) && header.type == MessageType::kAccept && header.length == 0) {
-      accepted = true;
-      net.PostRecv(op);  // again, for the answer
-      return;
-    }
-    if (done.len < sizeof(header) || header.type != MessageType::kReply ||
-        header.length != done.len - sizeof(header))
-      throw Error("malformed answer from the server");
-    answer.assign(reinterpret_cast<const char*>(op.buffer + sizeof(header)), header.length);
-    answered = true;
   };
-  auto on_error = [&](Op*, const std::string& error) {
-    throw Error("an operation failed: " + error);
+  auto on_error = [&](Op*, const CompletionError& error) {
+    Abandon(kProgram, "an operation failed: " + error.text);
   };
   auto progress = [&] {
-    net.PollCompletion(on_done, on_error);
-    if (Clock::now() > deadline)
-      throw Error("no answer from the server within " + std::to_string(options.timeout_s) +
-                  " s (is it running at that address?)");
+    if (StopRequested())
+      SayByeAndStop(
+          mail, server, [&] { net.PollCompletion(on_done, on_error); }, kProgram);
+    if (net.PollCompletion(on_done, on_error) > 0) last_progress = Clock::now();
+    if (!mail.Flush(limit).empty())
+      Abandon(kProgram, "no answer from the server within " + std::to_string(options.timeout_s) +
+                            " s: it takes none of our messages (is it running at that address?)");
+    if (Clock::now() - last_progress > limit)
+      Abandon(kProgram, "no answer from the server within " + std::to_string(options.timeout_s) +
+                            " s (is it running at that address?)");
   };
-  // Each of our three messages has a buffer of its own: taken in order, never given back.
-  std::reverse(free_sends.begin(), free_sends.end());
-  auto send = [&](MessageType type, std::span<const uint8_t> payload) {
-    if (!SendMessage(net, free_sends, server, type, payload, progress, limit))
-      throw Error("the server does not take our messages");
-  };
+  auto send = [&](const wire::Message& message) { mail.Send(server, message); };
 
-  send(MessageType::kConnect, net.Address());
-  while (!accepted) progress();  // our address is in the server's AV now
-  send(MessageType::kText,
-       {reinterpret_cast<const uint8_t*>(options.text.data()), options.text.size()});
-  while (!answered) progress();
-  std::printf("answer: %s\n", answer.c_str());
+  wire::Connect connect;
+  connect.lanes.push_back({net.Address(), {}});  // our address; no region: 02 asks no WRITE
+  ConnectUntilAnswered(
+      mail, server, from_server.token(), connect, [&] { return accepted || !refused.empty(); },
+      progress, kProgram, options.timeout_s);
+  send(wire::Text{options.text});  // our address is in the server's AV now
+  while (!answer && refused.empty()) progress();
+  if (!refused.empty()) throw Error("the server refused the request: " + refused);
+  std::printf("answer: %s\n", answer->c_str());
   std::fflush(stdout);
-  send(MessageType::kBye, {});
-  while (sends_done < 3) progress();
+  send(wire::Bye{});
+  while (!mail.Idle()) progress();  // every message of ours has left
+  if (from_server.ignored() > 0) std::printf("%s\n", from_server.Describe().c_str());
   return kExitOk;
 }
 

@@ -372,7 +372,7 @@ int ServerMain(const Options& options) {
     }
     if (op->kind != OpKind::kRecv) return;
     desk.Received({op->buffer, done.len}, source);
-    net.PostRecv(*op);
+    net.PostRecv(*op);  // hand the buffer back before the next message needs it
   };
   // A failed operation concerns one peer: the desk drops that peer and we carry on.
   auto on_error = [&](Op* op, const CompletionError& error) {

@@ -57,6 +57,21 @@ void CheckAtMost(T value, T limit, const char* field) {
                         std::to_string(limit));
 }
 
+// A TEXT's or REPLY's text: its length, then its bytes.
+void PutText(Writer& w, const std::string& text) {
+  if (text.size() > kMaxTextBytes)
+    throw ProtocolError("text of " + std::to_string(text.size()) + " bytes is over the limit " +
+                        std::to_string(kMaxTextBytes));
+  w.Put(static_cast<uint32_t>(text.size()));
+  w.PutBytes({reinterpret_cast<const uint8_t*>(text.data()), text.size()});
+}
+std::string GetText(Reader& r) {
+  const auto n = r.Get<uint32_t>("text length");
+  CheckAtMost(n, kMaxTextBytes, "text length");
+  auto text = r.GetBytes(n, "text");
+  return {text.begin(), text.end()};
+}
+
 }  // namespace
 
 std::vector<uint8_t> Encode(const Message& message, uint32_t token) {
@@ -107,6 +122,12 @@ std::vector<uint8_t> Encode(const Message& message, uint32_t token) {
     w.Put(d->first_post_ns);
     w.Put(d->last_completion_ns);
     w.Put(d->fill_ns);
+  } else if (auto* x = std::get_if<Text>(&message)) {
+    type = static_cast<uint16_t>(MessageType::kText);
+    PutText(w, x->text);
+  } else if (auto* y = std::get_if<Reply>(&message)) {
+    type = static_cast<uint16_t>(MessageType::kReply);
+    PutText(w, y->text);
   } else {
     type = static_cast<uint16_t>(MessageType::kBye);
   }
@@ -142,7 +163,10 @@ Message Decode(std::span<const uint8_t> bytes, uint32_t* token) {
         auto a = r.GetBytes(n, "address");
         lane.address.assign(a.begin(), a.end());
         lane.region = r.Get<RemoteRegion>("region");
-        if (lane.region.length == 0) throw ProtocolError("region length 0");
+        const RemoteRegion none{};
+        if (lane.region.length == 0 &&
+            (lane.region.address != none.address || lane.region.key != none.key))
+          throw ProtocolError("region length 0");
         CheckAtMost(lane.region.length, kMaxRegionBytes, "region length");
         if (lane.region.address > UINT64_MAX - lane.region.length)
           throw ProtocolError("region address + length overflows");
@@ -191,6 +215,16 @@ Message Decode(std::span<const uint8_t> bytes, uint32_t* token) {
     case MessageType::kBye:
       r.ExpectEnd();
       return Bye{};
+    case MessageType::kText: {
+      Text x{GetText(r)};
+      r.ExpectEnd();
+      return x;
+    }
+    case MessageType::kReply: {
+      Reply y{GetText(r)};
+      r.ExpectEnd();
+      return y;
+    }
     case MessageType::kAccept: {
       Accept a;
       const auto n = r.Get<uint32_t>("writer count");
@@ -249,7 +283,13 @@ uint32_t NewToken() {
 
 bool IsServerMessage(const Message& message) {
   return std::holds_alternative<Accept>(message) || std::holds_alternative<ErrorReply>(message) ||
-         std::holds_alternative<Done>(message);
+         std::holds_alternative<Done>(message) || std::holds_alternative<Reply>(message);
+}
+
+const char* NameOf(const Message& message) {
+  static const char* const kNames[] = {"CONNECT", "TRANSFER", "ERROR", "BYE",
+                                       "ACCEPT",  "DONE",     "TEXT",  "REPLY"};
+  return kNames[message.index()];
 }
 
 void ValidateTransfer(const Transfer& t, const RemoteRegion& region) {

@@ -1,4 +1,4 @@
-// The wire protocol of stages 03 onward (docs/wire-protocol.md): control messages that travel
+// The wire protocol of stages 02 onward (docs/wire-protocol.md): control messages that travel
 // by SEND/RECV on lane 0. Every message starts with a fixed header, and the receiver validates
 // every field before it acts on one. One definition for all stages, so that a fix to
 // validation reaches every stage at once and is unit-tested once.
@@ -27,6 +27,7 @@ inline constexpr uint64_t kMaxPageBytes = 64ull << 20;
 inline constexpr uint64_t kMaxRequestBytes = 1ull << 30;  // server source buffer per request
 inline constexpr uint64_t kMaxRepeat = 1ull << 24;
 inline constexpr uint64_t kMaxRegionBytes = 1ull << 40;
+inline constexpr uint32_t kMaxTextBytes = 4096;  // a TEXT's or REPLY's text (02)
 
 enum class MessageType : uint16_t {
   kConnect = 1,
@@ -34,7 +35,9 @@ enum class MessageType : uint16_t {
   kError = 3,
   kBye = 4,
   kAccept = 5,
-  kDone = 6
+  kDone = 6,
+  kText = 7,
+  kReply = 8
 };
 
 // `token` says whom a message is for, so that a receiver can tell its peer's messages from a
@@ -63,7 +66,7 @@ struct RemoteRegion {
 
 struct Lane {
   std::vector<uint8_t> address;  // fi_getname of the client's endpoint on this lane
-  RemoteRegion region;
+  RemoteRegion region;           // all 0: no region (a client of 02 asks for no WRITE)
 };
 
 // What a client asks of the server's engine (07; earlier stages send the defaults, and their
@@ -131,7 +134,18 @@ struct Done {
   uint64_t fill_ns = 0;  // 07: filling the request's pages (a cost per request, not per WRITE)
 };
 
-using Message = std::variant<Connect, Transfer, ErrorReply, Bye, Accept, Done>;
+// 02's request and answer: a text, and the server's reply to it (the text reversed).
+struct Text {
+  std::string text;
+};
+struct Reply {
+  std::string text;
+};
+
+using Message = std::variant<Connect, Transfer, ErrorReply, Bye, Accept, Done, Text, Reply>;
+
+// The message's name on the wire ("CONNECT", "TEXT", ...), for lines that name one.
+const char* NameOf(const Message& message);
 
 // A message that breaks the protocol; the text says which field and value.
 class ProtocolError : public Error {

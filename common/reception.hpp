@@ -218,6 +218,8 @@ class Reception {
     } else if (std::holds_alternative<wire::Bye>(message)) {
       std::printf("client %llu done\n", Name(m.source));
       Forget(m.source);
+    } else {  // a client of another stage (02's TEXT): told, not left to time out
+      Refuse(m.source, 0, std::string(ProgramName()) + " serves no " + wire::NameOf(message));
     }
     return std::nullopt;
   }

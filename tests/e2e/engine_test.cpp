@@ -314,7 +314,7 @@ TEST_P(Engine, KilledClientIsCleanedUpWhileOthersFinish) {
 
 // A client that stops reading (SIGSTOP: a paused job) stalls its WRITEs: the server says so
 // once per thread, with what the thread did meanwhile, and the client, let go on, finishes
-// verified.
+// verified (or, 1.x's shm, the server ends with the provider's limit: below).
 TEST_P(Engine, StalledWritesAreToldOnce) {
   StageServer server(kStage, provider(), 1,
                      {"--memory", "host", "--nics", "2", "--peer-timeout", "60"});
@@ -330,6 +330,18 @@ TEST_P(Engine, StalledWritesAreToldOnce) {
   std::this_thread::sleep_for(1s);  // the server's later polls of the same stall say nothing
   const std::string while_paused = server.process().Output();
   paused.Signal(SIGCONT);
+  // 1.x's shm: a client stopped while it holds its region's lock (it takes it in each of its
+  // polls with work to do) is, to the server's next WRITE, a dead holder: the provider's
+  // limit, said in one line, and the server exits 1 (README.md, "When the provider cannot go
+  // on"). A client stopped outside that lock is told as a stall.
+  if (!told && provider() == "shm" && FI_MAJOR(fi_version()) < 2 &&
+      while_paused.find("inside the provider's fi_writemsg for 3 s and will not come back") !=
+          std::string::npos) {
+    EXPECT_EQ(server.Wait().exit_code, 1);
+    paused.Signal(SIGTERM);  // it says BYE to nobody and goes
+    paused.Wait(30s);
+    return;
+  }
   ASSERT_TRUE(told) << while_paused;
   const std::string told_line = "client 1: thread 0: no WRITE has completed for 5 s, ";
   const size_t first = while_paused.find(told_line);

@@ -44,6 +44,31 @@ void Poke(std::vector<uint8_t>& bytes, size_t offset, T value) {
   std::memcpy(bytes.data() + offset, &value, sizeof(T));
 }
 
+// 02's TEXT and REPLY: the text travels whole, up to kMaxTextBytes; a REPLY is a server's.
+TEST(Protocol, TextAndReplyRoundTrip) {
+  auto text = std::get<Text>(Decode(Encode(Text{"Hello, RDMA!"}, 7)));
+  EXPECT_EQ(text.text, "Hello, RDMA!");
+  auto reply = std::get<Reply>(Decode(Encode(Reply{"!AMDR ,olleH"})));
+  EXPECT_EQ(reply.text, "!AMDR ,olleH");
+  EXPECT_TRUE(IsServerMessage(Reply{}));
+  EXPECT_FALSE(IsServerMessage(Text{}));
+  EXPECT_STREQ(NameOf(Text{}), "TEXT");
+  EXPECT_THROW(Encode(Text{std::string(kMaxTextBytes + 1, 'x')}), ProtocolError);
+  auto bad = Encode(Text{"abc"});
+  bad[16] = 200;  // the text's length, past the bytes that came
+  EXPECT_THROW(Decode(bad), ProtocolError);
+}
+
+// A lane without a region (02's CONNECT) is all zeros; length 0 with an address or key is not.
+TEST(Protocol, ConnectWithoutARegion) {
+  Connect c;
+  c.lanes.push_back({{1, 2, 3}, {}});
+  auto back = std::get<Connect>(Decode(Encode(c)));
+  EXPECT_EQ(back.lanes[0].region.length, 0u);
+  c.lanes[0].region.key = 5;
+  EXPECT_THROW(Decode(Encode(c)), ProtocolError);
+}
+
 }  // namespace
 
 TEST(Protocol, EveryMessageRoundTrips) {
