@@ -293,9 +293,13 @@ TEST_P(Engine, KilledClientIsCleanedUpWhileOthersFinish) {
   ASSERT_TRUE(WaitForOutput(server.process(), "client 2 connected", 30s));
   doomed.Signal(SIGKILL);
   if (KilledClientEndsTheServer(provider())) {
+    // Or the client died holding its region's lock, and the server's next WRITE to it spins:
+    // the same limit, said by the stuck-call line (README.md, "When the provider cannot go on").
     Result done = server.Wait(60s);
     EXPECT_EQ(done.exit_code, 1) << done.out << done.err;
-    EXPECT_NE(done.out.find(kInOrderLine), std::string::npos) << done.out;
+    EXPECT_TRUE(done.out.find(kInOrderLine) != std::string::npos ||
+                done.err.find(" for 3 s and will not come back") != std::string::npos)
+        << done.out << done.err;
     return;
   }
   Result r = other.Wait(120s);

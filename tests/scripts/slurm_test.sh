@@ -86,7 +86,7 @@ echo "slurm: node rgjnode $state, $(sinfo -h -o '%G' | head -1)"
 
 # The recipe, as a user submits it, with what one host needs: one node, two tasks of one core,
 # shm between them, host memory. --wait: sbatch returns with the job's exit code.
-cd "$src"
+cd "$src" || exit 1
 BUILD_DIR=$build MEMORY=host PROVIDER=shm timeout 300 sbatch --wait -N1 --ntasks-per-node=2 \
   --cpus-per-task=1 -o "$work/job.out" scripts/slurm-p5 -S 64k --pages 256 --requests 2 --json
 rc=$?
@@ -97,6 +97,16 @@ grep -q "slurm-p5: client on " "$work/job.out" || fail "no client line"
 grep -q '"verified_bytes":33554432' "$work/job.out" || fail "not every page verified (256 pages of 64 KiB, twice)"
 grep -q "served 1 clients" "$work/job.out" || fail "the server did not end after its client"
 ls "$src"/.slurm-p5-*.addr 2>/dev/null && fail "the address file was left behind"
+
+# The documented default, no client arguments: --ladder, one session per rung, and the server
+# must stay for all of them (it once got --exit-after 1 and rung 2 found no server).
+BUILD_DIR=$build MEMORY=host PROVIDER=shm timeout 300 sbatch --wait -N1 --ntasks-per-node=2 \
+  --cpus-per-task=1 -o "$work/default.out" scripts/slurm-p5
+rc=$?
+echo "== the default job's output"; cat "$work/default.out"
+[ $rc -eq 0 ] || fail "the default job (--ladder) exited $rc"
+grep -q "served 9 clients" "$work/default.out" || fail "the default job's server did not serve every rung"
+ls "$src"/.slurm-p5-*.addr 2>/dev/null && fail "the default job left its address file behind"
 
 # A recipe run outside sbatch says so; one whose build is missing says which.
 out=$(bash scripts/slurm-p5 2>&1); [ $? -eq 2 ] && [[ "$out" == *"run it with sbatch"* ]] || fail "outside sbatch: '$out'"
