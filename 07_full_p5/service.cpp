@@ -320,9 +320,18 @@ void Service::Handle(Received m) {
   } else if (auto* transfer = std::get_if<wire::Transfer>(&message)) {
     OnTransfer(*c, std::move(*transfer));
   } else if (std::holds_alternative<wire::Bye>(message)) {
-    // Its open requests finish first (bounded by --timeout); nothing waits for them here.
+    // A BYE before its requests are done (a client stopped by Ctrl-C, or a hostile one): they
+    // are abandoned at once, so that a client that leaves takes no more from the others.
+    if (c->open_requests > 0) {
+      Close(c->number,
+            "done (" + std::to_string(c->open_requests) + " requests unfinished after its BYE)");
+      return;
+    }
     c->leaving = true;
     c->leaving_since = Clock::now();
+  } else {  // a client of another stage (02's TEXT): told, not left to time out
+    Refuse(c->control, c->number, 0,
+           std::string(common::ProgramName()) + " serves no " + wire::NameOf(message));
   }
 }
 // Answered only once one comes from the address it names: an address that has not spoken is
