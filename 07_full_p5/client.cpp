@@ -381,7 +381,7 @@ void ClientSession::PlanRequests() {
   // The server keeps source memory for what our requests need at once, per lane.
   engine_.memory = options_.requests * ((options_.pages + lanes_.size() - 1) / lanes_.size()) *
                    options_.page_size;
-  const size_t control_limit = control_.info->ep_attr->max_msg_size;
+  const size_t control_limit = MessageLimit(control_.ep.get(), *control_.info);
   if (wire::Encode(requests_[0]).size() > control_limit)
     throw UsageError("--pages " + std::to_string(options_.pages) + ": a TRANSFER of that many " +
                      "pages is longer than the " + std::to_string(control_limit) +

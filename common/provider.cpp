@@ -1,5 +1,8 @@
 #include "provider.hpp"
 
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_errno.h>
+
 #include "address.hpp"
 #include "error.hpp"
 
@@ -234,6 +237,23 @@ FiInfoPtr SelectProvider(const fi_info& hints, const Options& options,
                          std::span<const uint8_t> peer, std::string* no_hmem) {
   auto domains = SelectDomains(hints, options, peer, no_hmem);
   return std::move(domains.front());
+}
+
+// FI_OPT_MAX_MSG_SIZE is in the headers from API 1.22 (an enum: their version says so); an
+// older libfabric at run time answers -FI_ENOPROTOOPT.
+#define HAVE_MAX_MSG_SIZE_OPTION \
+  FI_VERSION_GE(FI_VERSION(FI_MAJOR_VERSION, FI_MINOR_VERSION), FI_VERSION(1, 22))
+size_t MessageLimitFrom(int getopt_rc, size_t option, size_t attribute) {
+  return getopt_rc == 0 && option > 0 ? option : attribute;
+}
+size_t MessageLimit([[maybe_unused]] fid_ep* ep, const fi_info& info) {
+  int rc = -FI_ENOPROTOOPT;
+  size_t option = 0;
+#if HAVE_MAX_MSG_SIZE_OPTION
+  size_t length = sizeof option;
+  rc = fi_getopt(&ep->fid, FI_OPT_ENDPOINT, FI_OPT_MAX_MSG_SIZE, &option, &length);
+#endif
+  return MessageLimitFrom(rc, option, info.ep_attr->max_msg_size);
 }
 
 double LinkGbps(const fi_info& info) {

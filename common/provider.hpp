@@ -55,6 +55,13 @@ std::vector<FiInfoPtr> SelectDomains(const fi_info& hints, const Options& option
 FiInfoPtr SelectProvider(const fi_info& hints, const Options& options,
                          std::span<const uint8_t> peer = {}, std::string* no_hmem = nullptr);
 
+// The longest message `ep` may SEND: FI_OPT_MAX_MSG_SIZE where the provider answers it
+// (efa-direct: the device's MTU, about 8 KiB, fi_efa(7)), else `info`'s max_msg_size, which
+// with FI_RMA may be the RDMA maximum instead. MessageLimitFrom: the choice, given
+// fi_getopt's return code and value (tests feed it what providers report).
+size_t MessageLimit(fid_ep* ep, const fi_info& info);
+size_t MessageLimitFrom(int getopt_rc, size_t option, size_t attribute);
+
 // Sum of the link speeds libfabric reports for these domains, in Gbit/s (0 when unknown).
 double LinkGbps(const fi_info& info);
 

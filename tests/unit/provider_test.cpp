@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <rdma/fabric.h>
+#include <rdma/fi_errno.h>
 
 #include <cstring>
 
@@ -90,4 +91,16 @@ TEST(Provider, ImmediateDataMustHoldARequestId) {
   EXPECT_EQ(ImmediateDataProblem(*small),
             "provider someprov carries 2 bytes of immediate data (cq_data_size), but each WRITE "
             "names its request in 4");
+}
+
+// The longest control message: what FI_OPT_MAX_MSG_SIZE says where the provider answers it.
+// efa-direct with FI_RMA reports the RDMA maximum in max_msg_size (1 GiB here) and its MTU
+// (8 KiB; fi_efa(7)) through the option; a libfabric before 1.22, or a provider without the
+// option, answers -FI_ENOPROTOOPT and the attribute stands.
+TEST(MessageLimit, TheOptionBeforeTheAttribute) {
+  constexpr size_t kRdmaMax = 1ull << 30;
+  EXPECT_EQ(MessageLimitFrom(0, 8192, kRdmaMax), 8192u);               // efa-direct
+  EXPECT_EQ(MessageLimitFrom(0, UINT64_MAX, UINT64_MAX), UINT64_MAX);  // efa: no limit
+  EXPECT_EQ(MessageLimitFrom(-FI_ENOPROTOOPT, 0, 65536), 65536u);      // 1.17, shm
+  EXPECT_EQ(MessageLimitFrom(0, 0, 65536), 65536u);  // an option of 0 says nothing
 }
