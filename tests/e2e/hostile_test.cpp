@@ -42,9 +42,8 @@ std::string HostilePeer() {
 }
 
 // Client arguments of a small transfer this stage can verify. --timeout 20: a server that
-// never answers still fails the test, and a loaded one has time to answer. With 5 s, a CI run
-// (libfabric 2.6, tcp, both cores busy) once failed ServerMemoryBoundsAllClients on 07: the
-// server logged the client's first CONNECT and no other in those 5 s, and the client gave up.
+// never answers still fails the test, and a loaded one has time to answer (with both cores
+// busy, 5 s can pass between a client's first CONNECT and the server reading another).
 std::vector<std::string> Normal(const std::string& stage, std::vector<std::string> more = {}) {
   std::vector<std::string> args = {"--memory", "host", "--pages",   "16",
                                    "-S",       "4k",   "--timeout", "20"};
@@ -283,7 +282,7 @@ TEST_P(Hostile, VanishedClientsGiveTheirPlacesBack) {
 
 // 12b. Strangers that CONNECT and stay silent fill the server (--max-clients 16, 20 of them,
 // --peer-timeout far off): a good client still gets a place, from one that has moved nothing
-// for 2 s (common/reception.hpp; 07: service.cpp, Full), and is served at once. 03, 05 and 07
+// for 2 s (common/reception.hpp, YieldPlace), and is served at once. 03, 05 and 07
 // once locked good clients out until --peer-timeout.
 TEST_P(Hostile, SilentStrangersYieldTheirPlaces) {
   Attacked server(stage(), provider(), {"--peer-timeout", "60"});
@@ -740,8 +739,8 @@ TEST_P(KilledMidTransfer, NextClientIsServed) {
     EXPECT_EQ(died_holding, ShmPeersTakeLocks());
   }
   // 1.17: every post to the client takes its region's lock, so the server meets it. 2.6: only
-  // a post that finds room in the client's queue goes on to its inject buffers' lock; one CI
-  // run found the queue full first ("no WRITE completed in time"), and the server served on.
+  // a post that finds room in the client's queue goes on to its inject buffers' lock; a queue
+  // full first ("no WRITE completed in time") never reaches the lock, and the server serves on.
   if (died_holding && (fi_version() < FI_VERSION(1, 18) ||
                        WaitForOutput(server.process(), "will not come back", 6s))) {
     Result done = server.process().Wait(20s);
@@ -918,10 +917,9 @@ TEST(Shm, TooSmallDevShmIsNamed) {
       << r.err;
 }
 
-// 18. A client whose lane's file in /dev/shm is removed while it runs (a CI run of 2.6 once
-// saw every CONNECT of a client refused for want of that file, removed by a process unknown):
-// no server can reach that lane, and the client says so when it gives up, beside the usual
-// words. Its server here is stopped (SIGSTOP), so that nothing answers either way.
+// 18. A client whose lane's file in /dev/shm is removed while it runs (by any local process
+// that cleans /dev/shm): no server can reach that lane, and the client says so when it gives
+// up, beside the usual words. Its server here is stopped (SIGSTOP), so that nothing answers either way.
 TEST(Shm, AClientWhoseLaneFileIsGoneSaysSo) {
   StageServer server("07_full_p5", "shm", 0, {"--memory", "host"});
   ASSERT_FALSE(server.address().empty());

@@ -16,8 +16,8 @@ echo "$1" >>"$(dirname "$0")/hosts"
 shift; exec bash -c "$1"
 SH
 # Into a file, not $(...): a command substitution waits for every process that holds its
-# pipe, and a server left behind by a run cut short by timeout held it past meson's 300 s (a
-# CI run of 2.6, with nothing printed). Whatever the run left is ended with it.
+# pipe, so a server left behind by a run cut short by timeout would hold the test past
+# meson's 300 s with nothing printed. Whatever the run left is ended with it.
 (cd "$src" && BUILD_DIR=$build SSH="bash $work/ssh" PROVIDER=shm BYTES=16m LANES=1 \
   exec setsid timeout -k 5 120 scripts/bench-fabtests hosts localhost 127.0.0.1 64k host 1) \
   >"$work/out" 2>&1 &

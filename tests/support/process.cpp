@@ -212,9 +212,9 @@ StageServer::StageServer(const std::string& stage, const std::string& provider, 
   for (auto& a : ProviderArgs(provider)) argv.push_back(a);
   for (auto& a : extra) argv.push_back(a);
   process_ = std::make_unique<Process>(argv);
-  // A server is up in well under a second when the host is idle. In one CI run, with the
-  // machine also building and running other tests, a 07 server over tcp on 1.17 had not written
-  // its address after 10 s, so it gets 30 s. One that never does still fails its test then.
+  // A server is up in well under a second when the host is idle; on a host that also builds
+  // and runs other tests a 07 server over tcp can take over 10 s, so it gets 30 s. One that
+  // never writes its address still fails its test then.
   address_ = WaitForLine(address_file, std::chrono::seconds(30));
 }
 
