@@ -6,8 +6,7 @@
 // WRITEs each one straight into the client's region; the client's CPU copies nothing. Each
 // WRITE carries immediate data naming the request, so the client counts completions until
 // every page has arrived, and then checks every byte. The server faces the network: whatever
-// a client sends or however it dies, the server drops that client and serves the next one.
-// The walkthrough is in README.md.
+// a client sends or however it dies, it drops that client and serves the next (README.md).
 
 #include <rdma/fabric.h>
 #include <rdma/fi_cm.h>
@@ -282,6 +281,7 @@ void PrintHeader(const char* role, const Network& net) {
 // an abandoned transfer while the provider still holds some of its WRITEs.
 struct Request {
   fi_addr_t client = FI_ADDR_UNSPEC;
+  uint64_t number = 0;  // the desk's name for the client, in the log
   wire::RemoteRegion region;
   wire::Transfer transfer;
   PageBuffer source;
@@ -298,6 +298,7 @@ std::unique_ptr<Request> PrepareRequest(Network& net, const Desk::Client& client
   const size_t count = transfer.pages.size(), page_size = transfer.page_size;
   auto r = std::make_unique<Request>();
   r->client = dest;
+  r->number = client.number;
   r->region = client.regions[0];
   r->transfer = std::move(transfer);
   r->source = PageBuffer(count * page_size, net.memory, 0, Pages::kSmall);  // for one request
@@ -403,7 +404,7 @@ int ServerMain(const Options& options) {
     for (auto& r : draining) {  // shm never completes a WRITE to a process that died
       if (r->source.size() == 0 || Clock::now() - r->abandoned_at < limit) continue;
       std::printf("client %llu: request %u: %llu WRITEs never completed; their pages freed\n",
-                  static_cast<unsigned long long>(r->client), r->transfer.request_id,
+                  static_cast<unsigned long long>(r->number), r->transfer.request_id,
                   static_cast<unsigned long long>(r->in_flight));
       r->mr.reset();
       r->source = PageBuffer();  // the request stays, small, for completions that may come
@@ -411,7 +412,7 @@ int ServerMain(const Options& options) {
     desk.Tend();
     while (auto request = desk.Next()) {
       const fi_addr_t client = request->client;
-      const auto name = static_cast<unsigned long long>(client);
+      const auto name = static_cast<unsigned long long>(desk.Find(client)->number);
       std::unique_ptr<Request> r;
       try {
         const std::string why = OverLimits(options, request->transfer, 0, 0, 0);

@@ -275,6 +275,7 @@ void PrintHeader(const char* role, const Network& net) {
 // One TRANSFER being served: its source pages, registered, and how far its WRITEs got.
 struct Request {
   fi_addr_t client = FI_ADDR_UNSPEC;
+  uint64_t number = 0;  // the desk's name for the client, in the log
   wire::RemoteRegion region;
   wire::Transfer transfer;
   PageBuffer source;
@@ -293,6 +294,7 @@ std::unique_ptr<Request> PrepareRequest(Network& net, const Desk::Client& client
   const uint64_t total = count * transfer.repeat;
   auto r = std::make_unique<Request>();
   r->client = dest;
+  r->number = client.number;
   r->region = client.regions[0];
   r->transfer = std::move(transfer);
   r->source = PageBuffer(count * page_size, net.memory, 0, Pages::kSmall);  // for one request
@@ -364,7 +366,7 @@ void FinishRequests(std::list<std::unique_ptr<Request>>& active, Desk& desk, Mai
       // The provider will never complete these WRITEs (their peer is gone): the memory they
       // read goes back; the request stays, small, for completions that may still come.
       std::printf("client %llu: request %u: %llu WRITEs never completed; their pages freed\n",
-                  static_cast<unsigned long long>(r.client), r.transfer.request_id,
+                  static_cast<unsigned long long>(r.number), r.transfer.request_id,
                   static_cast<unsigned long long>(r.in_flight()));
       r.mr.reset();
       r.source = PageBuffer();
@@ -376,7 +378,7 @@ void FinishRequests(std::list<std::unique_ptr<Request>>& active, Desk& desk, Mai
     const wire::Transfer& t = r.transfer;
     if (!r.abandoned) {
       std::printf("client %llu: request %u: wrote %zu pages of %llu bytes, %llu times\n",
-                  static_cast<unsigned long long>(r.client), t.request_id, t.pages.size(),
+                  static_cast<unsigned long long>(r.number), t.request_id, t.pages.size(),
                   static_cast<unsigned long long>(t.page_size),
                   static_cast<unsigned long long>(t.repeat));
       const wire::Done done{t.request_id, r.total,

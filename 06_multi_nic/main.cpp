@@ -379,6 +379,7 @@ void PrintHeader(const char* role, const std::vector<Network>& lanes) {
 // One TRANSFER being served: its source pages, registered, and how far its WRITEs got.
 struct Request {
   fi_addr_t client = FI_ADDR_UNSPEC;  // the client's lane-0 address: its name
+  uint64_t number = 0;                // the desk's name for the client, in the log
   Desk::Client dest;
   wire::Transfer transfer;
   PageBuffer source;
@@ -397,6 +398,7 @@ std::unique_ptr<Request> PrepareRequest(std::vector<Network>& lanes, const Desk:
   const uint64_t total = count * transfer.repeat;
   auto r = std::make_unique<Request>();
   r->client = name;
+  r->number = client.number;
   r->dest = client;
   r->transfer = std::move(transfer);
   r->source = PageBuffer(count * page_size, lanes[0].memory, 0, Pages::kSmall);  // for one request
@@ -475,7 +477,7 @@ void FinishRequests(std::list<std::unique_ptr<Request>>& active, Desk& desk, Mai
       // The provider will never complete these WRITEs (their peer is gone): the memory they
       // read goes back; the request stays, small, for completions that may still come.
       std::printf("client %llu: request %u: %llu WRITEs never completed; their pages freed\n",
-                  static_cast<unsigned long long>(r.client), r.transfer.request_id,
+                  static_cast<unsigned long long>(r.number), r.transfer.request_id,
                   static_cast<unsigned long long>(r.in_flight()));
       r.mrs.clear();
       r.source = PageBuffer();
@@ -487,7 +489,7 @@ void FinishRequests(std::list<std::unique_ptr<Request>>& active, Desk& desk, Mai
     const wire::Transfer& t = r.transfer;
     if (!r.abandoned) {
       std::printf("client %llu: request %u: wrote %zu pages of %llu bytes, %llu times\n",
-                  static_cast<unsigned long long>(r.client), t.request_id, t.pages.size(),
+                  static_cast<unsigned long long>(r.number), t.request_id, t.pages.size(),
                   static_cast<unsigned long long>(t.page_size),
                   static_cast<unsigned long long>(t.repeat));
       const wire::Done done{t.request_id, r.total,

@@ -297,7 +297,7 @@ ClientSession::ClientSession(const Options& options, std::span<const uint8_t> pe
       plan_(FindNics(options, peer, memory_kind_, &no_hmem_, print)),
       wait_(ChooseWaitMode(options.wait, *plan_.lanes[0])),
       control_(Network::Open(FiInfoPtr(fi_dupinfo(plan_.lanes[0].get())), wait_)),
-      server_(control_.Insert(peer)),
+      server_(control_.AddPeerAddress(peer)),
       topology_(LoadTopology(options)),
       from_server_(server_, wire::NewToken()) {
   OpenLanes();
@@ -460,7 +460,7 @@ void ClientSession::OnAccept(const wire::Accept& accept) {
   if (accept.writers.size() > lanes_.size())
     throw Error("the server named " + std::to_string(accept.writers.size()) + " writers for our " +
                 std::to_string(lanes_.size()) + " lanes");
-  for (size_t l = 0; l < accept.writers.size(); ++l) lanes_[l].Insert(accept.writers[l]);
+  for (size_t l = 0; l < accept.writers.size(); ++l) lanes_[l].AddPeerAddress(accept.writers[l]);
   if (print_)
     std::printf("the server's writers are in our lanes' AVs: %zu of %zu lanes\n",
                 accept.writers.size(), lanes_.size());

@@ -166,7 +166,7 @@ void TakeInbox(Worker& w) {
   for (PeerSlot* slot : joining) {
     try {
       for (size_t l = 0; l < slot->lanes_used; ++l)
-        slot->dest.push_back(w.lanes[l].Insert(slot->peer->addresses[w.first_lane + l]));
+        slot->dest.push_back(w.lanes[l].AddPeerAddress(slot->peer->addresses[w.first_lane + l]));
       slot->moves_at_join = w.core_moves.load(std::memory_order_relaxed);
       slot->cpu_at_join = ThreadCpuSeconds();
       w.slots.push_back(slot);

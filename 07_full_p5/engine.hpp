@@ -3,7 +3,7 @@
 //   engine.cpp   a data thread and the ladder's rungs: what makes it fast
 //   session.cpp  a client's session on the server: its threads, lanes and source memory
 //   client.cpp   the client: receiving threads, warmup, the requests, --ladder
-//   service.cpp  the service: the control endpoint, admission, limits, liveness
+//   service.cpp  the service: the control endpoint on the front desk, sessions, liveness
 #pragma once
 
 #include <rdma/fabric.h>

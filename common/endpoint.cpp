@@ -65,7 +65,7 @@ std::vector<uint8_t> Endpoint::Address() const {
   return address;
 }
 
-fi_addr_t Endpoint::Insert(std::span<const uint8_t> address) {
+fi_addr_t Endpoint::AddPeerAddress(std::span<const uint8_t> address) {
   CheckAddress(address, *info);  // a peer's address has this provider's shape, or is refused
   fi_addr_t addr = FI_ADDR_UNSPEC;
   if (fi_av_insert(av.get(), address.data(), 1, &addr, 0, nullptr) != 1)

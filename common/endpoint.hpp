@@ -37,7 +37,7 @@ struct Endpoint {
                        size_t cq_entries = 0, bool selective = false);
   std::vector<uint8_t> Address() const;
   // Inserts a peer's address; throws Error when the provider does not accept it.
-  fi_addr_t Insert(std::span<const uint8_t> address);
+  fi_addr_t AddPeerAddress(std::span<const uint8_t> address);
   void PostRecv(ControlOp& op);
   bool PostSend(ControlOp& op, fi_addr_t dest);  // false: -FI_EAGAIN
   // Sleeps in the CQ's wait fd until it has something, or `timeout_ms` passes.
