@@ -298,7 +298,14 @@ class Reception {
       departed_.erase(d);
     }
     departures_.Revive(id);
-    mail_.Seal(id, token);  // our answers carry the client's own token back
+    mail_.Seal(id, token);                    // our answers carry the client's own token back
+    if (!hooks_.open && reply != lanes[0]) {  // 03-06 answer and write to the same address
+      RefuseAs(id, number, 0,
+               std::string(ProgramName()) + " serves clients of its own stage: this CONNECT " +
+                   "names a reply address apart from its lane 0 (a 07_full_p5 client?)");
+      departed_[id] = {{id}, Clock::now()};
+      return;
+    }
     if (Claimed(lanes, reply, id, number, waited != waiting_.end())) return;
     if (waited != waiting_.end()) waiting_.erase(waited);
     if (!Full(id, number)) Admit(connect, id, number, token, std::move(reply), std::move(lanes));

@@ -439,6 +439,21 @@ TEST_P(HostileService, FakeShmAddress) {
   server.Stop();
 }
 
+// 3b. A 07 client against a 05 server: its CONNECT names a reply address apart from its lane
+// 0, where 03-06 answer and write. It is told so at once (not left to its --timeout, nor
+// written into at an endpoint its key does not open), and the server serves on.
+TEST_P(HostileService, AClientOfAnotherStageIsToldAtOnce) {
+  Attacked server("05_queuing", provider());
+  ASSERT_FALSE(server.address().empty());
+  const auto start = Clock::now();
+  Result r = RunClient("07_full_p5", provider(), server.address(), Normal("07_full_p5"), 60s);
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - start).count(), 15.0);
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  EXPECT_NE(r.err.find("05_queuing serves clients of its own stage"), std::string::npos) << r.err;
+  server.ExpectServed();
+  server.Stop();
+}
+
 // 5. --max-clients bounds the clients at once: a flood of 20 is refused past the limit, each
 // learning it at once (ERROR), never more than 3 are connected at any time, and once the
 // flood's clients fall silent (--peer-timeout) the server serves the next client.
