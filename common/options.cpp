@@ -4,7 +4,9 @@
 
 #include "error.hpp"
 #include "protocol.hpp"
+#include "provider_watch.hpp"
 
+#include <algorithm>
 #include <cctype>
 #include <cstdio>
 #include <limits>
@@ -365,6 +367,7 @@ int ParseCommandLine(int argc, char** argv, const char* about, const char* progr
       }
     }
   }
+  if (!options.peer.empty()) SetStuckSeconds(std::max(kStuckSeconds, options.timeout_s));
   return -1;
 }
 

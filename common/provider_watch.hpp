@@ -17,6 +17,12 @@
 namespace common {
 
 inline constexpr double kStuckSeconds = 3;
+// How long a mark may last before the watchdog ends the program (kStuckSeconds unless set).
+// A client sets its --timeout: its receive progress may stay inside one fi_cq_read while
+// its server keeps it fed (shm's receiver drains its whole command queue in one call), and
+// it is no supervised service that a quick restart helps.
+void SetStuckSeconds(double seconds);
+double StuckSeconds();
 
 struct ProviderSlot {
   std::atomic<uint32_t> since{0};  // the watchdog's tick when the call began; 0: not inside

@@ -4,6 +4,7 @@
 #include "error.hpp"
 #include "options.hpp"
 #include "protocol.hpp"
+#include "provider_watch.hpp"
 
 using namespace common;
 
@@ -133,4 +134,24 @@ TEST(Options, HelpIsExitZero) {
   testing::internal::CaptureStdout();
   EXPECT_EQ(Parse(o, kServeOptions, {"--help"}), kExitOk);
   EXPECT_NE(testing::internal::GetCapturedStdout().find("--provider"), std::string::npos);
+}
+
+// A client's receive may stay inside one fi_cq_read while its server feeds it (shm drains its
+// whole queue in one call): a client gives a provider call its --timeout, a server 3 s.
+TEST(Options, AClientGivesAProviderCallItsTimeout) {
+  auto parse = [](std::vector<std::string> args) {
+    Options o;
+    args.insert(args.begin(), "prog");
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    return ParseCommandLine(static_cast<int>(argv.size()), argv.data(), "test", "prog",
+                            kServeOptions, o);
+  };
+  EXPECT_EQ(parse({}), -1);
+  EXPECT_EQ(StuckSeconds(), kStuckSeconds);
+  EXPECT_EQ(parse({"00ff", "--timeout", "20"}), -1);
+  EXPECT_EQ(StuckSeconds(), 20);
+  EXPECT_EQ(parse({"00ff", "--timeout", "1"}), -1);
+  EXPECT_EQ(StuckSeconds(), kStuckSeconds);  // never below a server's
+  SetStuckSeconds(kStuckSeconds);
 }
