@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Helpers the benchmark scripts share (sourced, not run): sizes, medians, JSON fields, CPU time
 # split, NIC byte counters, and one server/client run across the mini-cluster.
 
@@ -86,8 +87,9 @@ tx_bytes() {  # host nic
 # host B with --json; prints what the client printed. Needs $build and $tmp. With
 # PROGRAM_CPUS set (e.g. 0), both programs run on those CPUs only (taskset); the server
 # serves MAX_CLIENTS clients (default 1; a --ladder client is one per rung).
+# shellcheck disable=SC2154  # build and tmp: the sourcing script's
 run() {
-  local stage=$1 server_args=$2 client_args=$3 bin="$build/$1/$1"
+  local server_args=$2 client_args=$3 bin="$build/$1/$1"
   local cpus=(); [ -n "${PROGRAM_CPUS:-}" ] && cpus=(taskset -c "$PROGRAM_CPUS")
   rm -f "$tmp/addr"
   scripts/minicluster exec A "${cpus[@]}" "$bin" -p tcp $server_args --memory host --address-file "$tmp/addr" \

@@ -74,7 +74,7 @@ for r in $rungs; do
   "$root/scripts/rung-diff" "$r" >"$tmp/$r.diff" || fail "rung $r: no diff"
   lines=$(grep -c '^[-+][^-+]' "$tmp/$r.diff")
   # 07's README cites each rung's size: it must be this one.
-  grep -qE "(^|: | )$r $lines[,)]" "$root/07_full_p5/README.md" ||
+  grep -qE "(^|: | )$r ${lines}[,)]" "$root/07_full_p5/README.md" ||
     fail "rung $r: $lines lines changed, but 07_full_p5/README.md cites another figure"
   build_below "$below" || fail "rung $r: the rung below does not build"
   bin=$below/07_full_p5.bin
