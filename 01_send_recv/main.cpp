@@ -192,7 +192,7 @@ int ServerMain(const Options& options) {
   Network net = Network::Open(options, {});
   std::printf("provider: %s, domain: %s\n", net.info->fabric_attr->prov_name,
               net.info->domain_attr->name);
-  PublishAddress(net.Address(), options.address_file);
+  PublishAddress(net.Address(), options);
 
   HostBuffer buffers(kRecvDepth * kMessageBytes);
   MrPtr mr = net.RegisterMemory(buffers.data(), buffers.size(), FI_RECV);

@@ -187,7 +187,7 @@ int ServerMain(const Options& options) {
   InstallStopHandlers(kProgram);
   Network net = Network::Open(options, {});
   PrintHeader("server", net);
-  PublishAddress(net.Address(), options.address_file);
+  PublishAddress(net.Address(), options);
   const auto limit =
       std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(options.timeout_s));
 

@@ -421,7 +421,7 @@ int ServerMain(const Options& options) {
     return false;
   };
   Desk desk(net, mail, options, hooks);
-  PublishAddress(desk.own_address(), options.address_file);
+  PublishAddress(desk.own_address(), options);
   auto on_done = [&](Op* op, const fi_cq_data_entry& done, fi_addr_t source) {
     if (op == nullptr) return;  // the server receives no remote writes
     if (op->kind == OpKind::kSend) mail.Sent(op);

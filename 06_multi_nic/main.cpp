@@ -562,7 +562,7 @@ int ServerMain(const Options& options) {
     if (!shm) fi_av_remove(lanes[l].av.get(), &a, 1, 0);
   };
   Desk desk(net, mail, options, hooks);
-  PublishAddress(desk.own_address(), options.address_file);
+  PublishAddress(desk.own_address(), options);
   auto on_done = [&](Op* op, const fi_cq_data_entry& done, fi_addr_t source) {
     if (op == nullptr) return;  // the server receives no remote writes
     if (op->kind == OpKind::kSend) mail.Sent(op);

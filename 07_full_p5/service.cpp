@@ -133,7 +133,7 @@ Service::Service(const Options& options, const fi_info& control, WaitMode wait, 
       peer_timeout_(ToDuration(options.peer_timeout_s)),
       mail_(net_, kRecvDepth, kSendDepth),
       desk_(net_, mail_, options, Hooks()) {
-  PublishAddress(desk_.own_address(), options.address_file);
+  PublishAddress(desk_.own_address(), options);
 }
 // What 07 adds to the desk: a client is busy while requests of its are open; its session is
 // opened by the engine, and leaves it (Leavers) with the desk's word for how it went.

@@ -1,6 +1,7 @@
 #include "address.hpp"
 
 #include "error.hpp"
+#include "oob.hpp"
 
 #include <netinet/in.h>
 #include <sys/stat.h>
@@ -191,11 +192,14 @@ static void WriteAtomically(const std::string& text, const std::string& path) {
   }
 }
 
-void PublishAddress(std::span<const uint8_t> address, const std::string& path) {
+void PublishAddress(std::span<const uint8_t> address, const Options& options) {
   const std::string hex = ToHex(address);
+  if (options.oob_port != 0) ServeAddressOnPort(hex, options.oob_port);  // exit 2 before "addr:"
   std::printf("addr: %s\n", hex.c_str());
+  if (options.oob_port != 0)
+    std::printf("oob: the address is given on TCP port %u\n", options.oob_port);
   std::fflush(stdout);
-  if (!path.empty()) WriteAtomically(hex, path);
+  if (!options.address_file.empty()) WriteAtomically(hex, options.address_file);
 }
 
 void WriteAddressList(const std::vector<std::vector<uint8_t>>& addresses, const std::string& path) {

@@ -11,6 +11,8 @@
 #include <string_view>
 #include <vector>
 
+#include "options.hpp"
+
 namespace common {
 
 std::string ToHex(std::span<const uint8_t> bytes);
@@ -38,8 +40,9 @@ std::vector<uint8_t> CanonicalAddress(std::span<const uint8_t> address, uint32_t
 // address that is not such a name.
 std::string ShmFileOf(std::span<const uint8_t> address, const fi_info& info);
 
-// Prints "addr: <hex>" and, when `path` is not empty, writes the hex (and a newline) there.
-void PublishAddress(std::span<const uint8_t> address, const std::string& path);
+// Prints "addr: <hex>"; writes the hex (and a newline) to --address-file when given, and gives
+// it on --oob-port when given (common/oob.hpp).
+void PublishAddress(std::span<const uint8_t> address, const Options& options);
 
 // Several addresses (a client's lanes) as one line of comma-separated hex, and back.
 void WriteAddressList(const std::vector<std::vector<uint8_t>>& addresses, const std::string& path);

@@ -3,12 +3,14 @@
 #include <CLI/CLI.hpp>
 
 #include "error.hpp"
+#include "oob.hpp"
 #include "protocol.hpp"
 #include "provider_watch.hpp"
 
 #include <algorithm>
 #include <cctype>
 #include <cstdio>
+#include <cstdlib>
 #include <limits>
 #include <utility>
 #include <vector>
@@ -168,6 +170,12 @@ static void AddServeOptions(CLI::App& app, Options& o) {
                  "libfabric fabric of the provider: for efa, efa (default: the full RDM "
                  "protocol) or efa-direct (the device's own queues; see 07's README)");
   app.add_option("--domain", o.domain, "libfabric domain (NIC) to use, e.g. lo or rdmap79s0");
+  app.add_option("--oob-port", o.oob,
+                 "Server: also give the address (hex) to whoever connects to this TCP port. "
+                 "Client: --oob-port PORT HOST takes it from there instead of the address "
+                 "argument, waiting for the server to answer up to 60 s (--timeout, if given)")
+      ->expected(1, 2)
+      ->type_name("PORT [HOST]");
   app.add_option("--address-file", o.address_file,
                  "Server: also write the address (hex) to this file (07 client: its lane "
                  "addresses)");
@@ -353,6 +361,44 @@ int ParseCommandLine(CLI::App& app, int argc, char** argv) {
   }
 }
 
+// --oob-port: a server's port; a client's PORT HOST, whose answer becomes the peer's address.
+// Returns an exit code, or -1 to go on.
+static int TakeOobAddress(const char* program, bool timeout_given, Options& options) {
+  if (options.oob.empty()) return -1;
+  const std::string& port = options.oob[0];
+  char* end = nullptr;
+  const unsigned long value = std::strtoul(port.c_str(), &end, 10);
+  if (port.empty() || *end != '\0' || port[0] == '-' || value < 1 || value > 65535) {
+    std::fprintf(stderr, "%s: invalid --oob-port '%s' (a TCP port, 1 to 65535)\n", program,
+                 port.c_str());
+    return kExitUsage;
+  }
+  if (options.oob.size() == 1) {
+    if (!options.peer.empty()) {
+      std::fprintf(stderr,
+                   "%s: --oob-port %s: a client names the server's host too (--oob-port %s HOST)\n",
+                   program, port.c_str(), port.c_str());
+      return kExitUsage;
+    }
+    options.oob_port = static_cast<uint16_t>(value);
+    return -1;
+  }
+  if (!options.peer.empty()) {
+    std::fprintf(stderr,
+                 "%s: the server's address, or --oob-port PORT HOST to fetch it: not both\n",
+                 program);
+    return kExitUsage;
+  }
+  try {
+    options.peer = FetchAddressFrom(options.oob[1], static_cast<uint16_t>(value),
+                                    timeout_given ? options.timeout_s : 60.0);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "%s: error: %s\n", program, e.what());
+    return kExitFailure;
+  }
+  return -1;
+}
+
 int ParseCommandLine(int argc, char** argv, const char* about, const char* program, unsigned groups,
                      Options& options) {
   CLI::App app{about, program};
@@ -367,6 +413,7 @@ int ParseCommandLine(int argc, char** argv, const char* about, const char* progr
       }
     }
   }
+  if (int rc = TakeOobAddress(program, app.count("--timeout") > 0, options); rc >= 0) return rc;
   if (!options.peer.empty()) SetStuckSeconds(std::max(kStuckSeconds, options.timeout_s));
   return -1;
 }

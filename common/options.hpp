@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 // CLI11 is included by options.cpp and by the few tools that add switches of their own, not
 // here: its header alone costs each file that includes it about 9 s of compiling (-O2 -g).
@@ -31,9 +32,11 @@ struct Options {
   std::string domain;
   std::string topology;  // 07 --topology: plan as on the machine this hwloc XML describes
   std::string address_file;
-  uint64_t max_clients = 16;  // server: clients connected at once; one more is refused
-  uint64_t exit_after = 0;    // server: exit after serving this many clients (0: never)
-  double timeout_s = 10;      // how long to wait for a peer (client: its server) to answer
+  std::vector<std::string> oob;  // --oob-port PORT (server) or PORT HOST (client), as given
+  uint16_t oob_port = 0;         // server: also give the address on this TCP port (0: no)
+  uint64_t max_clients = 16;     // server: clients connected at once; one more is refused
+  uint64_t exit_after = 0;       // server: exit after serving this many clients (0: never)
+  double timeout_s = 10;         // how long to wait for a peer (client: its server) to answer
   // 01 and 02
   std::string text = "Hello, world!";
   // Transfers (03 onward)
