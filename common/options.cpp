@@ -404,7 +404,8 @@ int ParseCommandLine(int argc, char** argv, const char* about, const char* progr
   CLI::App app{about, program};
   AddOptions(app, options, groups);
   if (int rc = ParseCommandLine(app, argc, argv); rc >= 0) return rc;
-  if ((groups & kEngineOptions) && options.peer.empty() && !options.check) {
+  const bool client = !options.peer.empty() || options.oob.size() == 2;  // PORT HOST: a client
+  if ((groups & kEngineOptions) && !client && !options.check) {
     for (const char* name : kEngineOptionNames) {  // a client's own posting settings
       if (app.count(name) > 0) {
         std::fprintf(stderr, "%s: %s is a client option: each client sends its own\n", program,
