@@ -8,10 +8,12 @@ demand of it (there is no cluster here: these are the rules they apply, checked 
   the kubelet's static CPU manager needs to give the data threads cores of their own;
 - a whole p5 per pod: nvidia.com/gpu 8, vpc.amazonaws.com/efa 32, on two nodes;
 - IPC_LOCK (registering memory pins it), a HugePages volume;
-- the address exchange: a ReadWriteMany claim mounted by both pods, a file named after the
-  pods' shared `run` label, removed by the server before it writes it, waited for by the client
-  in bounded time and checked to be hex; --memory cuda on both (a pod that was given no GPU
-  must fail, not move host memory).
+- the address exchange by TCP (--oob-port): the server gives it on a port, a headless Service
+  (clusterIP None, published before the pod is ready) selects the server pod and names that
+  port, and the client asks the Service's name for it; no shared volume, no file;
+  --memory cuda on both (a pod that was given no GPU must fail, not move host memory);
+- an image recipe beside it (Containerfile): a CUDA base, the EFA installer with --skip-kmod,
+  the build against /opt/amazon/efa.
 Prints each check; exit 1 on the first that fails. Usage: kubernetes_test.py SOURCE_DIR
 """
 import re
@@ -36,14 +38,24 @@ def quantity_gib(q):
     return int(m.group(1)) * units.get(m.group(2), 2**-30) if m else None
 
 
-claims = {d["metadata"]["name"]: d for d in docs if d["kind"] == "PersistentVolumeClaim"}
+services = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Service"}
 pods = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Pod"}
 check(set(pods) == {"p5-server", "p5-client"}, "two pods: p5-server and p5-client")
-runs = set()
+check(not [d for d in docs if d["kind"] == "PersistentVolumeClaim"], "no volume claim: no shared file system")
+check(len(services) == 1, f"one Service ({list(services)})")
+(service_name, service), = services.items() if len(services) == 1 else [(None, {"spec": {}})]
+sspec = service["spec"]
+check(sspec.get("clusterIP") == "None" and sspec.get("publishNotReadyAddresses") is True,
+      f"{service_name}: headless, its name resolving before the server pod is ready")
+oob_ports = [p.get("port") for p in sspec.get("ports", [])]
+server_labels = pods.get("p5-server", {}).get("metadata", {}).get("labels", {})
+check(sspec.get("selector") and all(server_labels.get(k) == v for k, v in sspec["selector"].items())
+      and not all(pods["p5-client"]["metadata"]["labels"].get(k) == v
+                  for k, v in sspec["selector"].items()),
+      f"{service_name}: selects the server pod only")
 for name, pod in pods.items():
     spec = pod["spec"]
     labels = pod["metadata"].get("labels", {})
-    runs.add(labels.get("run"))
     anti = spec.get("affinity", {}).get("podAntiAffinity", {})
     rules = anti.get("requiredDuringSchedulingIgnoredDuringExecution", [])
     check(any(r.get("topologyKey") == "kubernetes.io/hostname" for r in rules),
@@ -69,49 +81,58 @@ for name, pod in pods.items():
     mounts = {m["mountPath"]: m["name"] for m in c.get("volumeMounts", [])}
     check(vols.get(mounts.get("/dev/hugepages"), {}).get("emptyDir", {}).get("medium") == "HugePages",
           f"{name}: a HugePages volume")
-    shared = vols.get(mounts.get("/shared"), {}).get("persistentVolumeClaim", {}).get("claimName")
-    check(shared in claims and "ReadWriteMany" in claims[shared]["spec"]["accessModes"],
-          f"{name}: /shared is a ReadWriteMany claim ({shared})")
-    env = {e["name"]: e for e in c.get("env", [])}
-    check(env.get("RUN", {}).get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
-          == "metadata.labels['run']", f"{name}: RUN from the pod's run label")
+    check(set(vols) == {mounts.get("/dev/hugepages")}, f"{name}: no volume but the huge pages")
     script = " ".join(c.get("command", []) + c.get("args", []))
     check("--memory cuda" in script, f"{name}: --memory cuda (no GPU: fail, not host memory)")
     check(c.get("image") and "REPLACE-WITH-YOUR-IMAGE" in c["image"],
           f"{name}: the image is left for the user to name")
     if name == "p5-server":
-        check(re.search(r"rm -f /shared/p5-\$RUN\.addr.*--address-file /shared/p5-\$RUN\.addr", script)
-              is not None, f"{name}: removes then writes /shared/p5-$RUN.addr")
+        m = re.search(r"--oob-port (\d+)", script)
+        check(m is not None and int(m.group(1)) in oob_ports,
+              f"{name}: gives its address on the Service's port ({oob_ports})")
         check("--exit-after 9" in script, f"{name}: serves the ladder's 9 sessions")
     else:
-        check(re.search(r"seq \d+\).*grep -qsE '\^\[0-9a-f\]\+\$' /shared/p5-\$RUN\.addr", script)
-              is not None and "exit 1" in script,
-              f"{name}: waits for a hex address, bounded, and fails saying so")
-        check("$(cat /shared/p5-$RUN.addr) --ladder" in script, f"{name}: runs the ladder")
-check(len(runs) == 1 and None not in runs, f"both pods share one run label ({runs})")
+        check(re.search(r"--oob-port (\d+) (\S+)", script) is not None
+              and re.search(r"--oob-port (\d+) (\S+)", script).groups()
+              == (str(oob_ports[0] if oob_ports else ""), service_name),
+              f"{name}: takes the address from the Service's name and port")
+        check(script.rstrip().endswith("--ladder"), f"{name}: runs the ladder")
+
+image = open(sys.argv[1] + "/docs/kubernetes/Containerfile").read()
+check(re.search(r"^FROM .*nvidia/cuda|^ARG CUDA_IMAGE=nvidia/cuda:", image, re.M) is not None,
+      "Containerfile: a CUDA base image")
+check("efa_installer.sh" in image and "--skip-kmod" in image,
+      "Containerfile: the EFA installer's user space (--skip-kmod)")
+check("LIBFABRIC=/opt/amazon/efa scripts/build" in image,
+      "Containerfile: the build against the EFA installer's libfabric")
 
 # The two containers' own scripts, run here as the pods would run them (BUILD_DIR given:
-# the build to run; the shared volume a folder; shm between them and host memory, as this
-# host has no EFA and no GPU; the client started first, so it must wait for the address).
+# the build to run; the Service's name is this host, its port one that is free here; shm
+# between them and host memory, as this host has no EFA and no GPU; the client started
+# first, so it must wait for the server).
 if len(sys.argv) > 2 and not failed:
-    import os, subprocess, tempfile
+    import os, socket, subprocess, time
     build = sys.argv[2]
-    with tempfile.TemporaryDirectory() as shared:
-        def script(pod):
-            c = pods[pod]["spec"]["containers"][0]
-            text = " ".join(c["args"]).replace("/shared", shared)
-            text = text.replace("build-libfabric-*/07_full_p5/07_full_p5", build + "/07_full_p5/07_full_p5 -p shm")
-            return text.replace("--memory cuda", "--memory host")
-        env = dict(os.environ, RUN="1")
-        open(shared + "/p5-1.addr", "w").write("stale, not hex\n")  # an older run's leftover
-        client = subprocess.Popen(["/bin/bash", "-c", script("p5-client") + " -S 16k --pages 64"],
-                                  env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        server = subprocess.Popen(["/bin/bash", "-c", script("p5-server")], env=env,
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        out, _ = client.communicate(timeout=300)
-        served, _ = server.communicate(timeout=60)
-        print(out[-1500:])
-        check(client.returncode == 0 and out.count("| +") == 8,
-              "the pods' scripts: the client waited for the server's address and ran every rung")
-        check(server.returncode == 0 and "served 9 clients" in served, "the server served the 9 rungs")
+    free = socket.socket()
+    free.bind(("127.0.0.1", 0))
+    port = str(free.getsockname()[1])
+    free.close()
+
+    def script(pod):
+        c = pods[pod]["spec"]["containers"][0]
+        text = " ".join(c["args"]).replace(f"--oob-port {oob_ports[0]}", f"--oob-port {port}")
+        text = text.replace(f" {service_name} ", " 127.0.0.1 ")
+        text = text.replace("build-libfabric-*/07_full_p5/07_full_p5", build + "/07_full_p5/07_full_p5 -p shm")
+        return text.replace("--memory cuda", "--memory host")
+    client = subprocess.Popen(["/bin/bash", "-c", script("p5-client") + " -S 16k --pages 64"],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    time.sleep(1)
+    server = subprocess.Popen(["/bin/bash", "-c", script("p5-server")],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out, _ = client.communicate(timeout=300)
+    served, _ = server.communicate(timeout=60)
+    print(out[-1500:])
+    check(client.returncode == 0 and out.count("| +") == 8,
+          "the pods' scripts: the client waited for the server's address and ran every rung")
+    check(server.returncode == 0 and "served 9 clients" in served, "the server served the 9 rungs")
 sys.exit(1 if failed else 0)
