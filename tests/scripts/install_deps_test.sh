@@ -8,7 +8,7 @@ set -uo pipefail
 root=$1
 work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
 mkdir -p "$work/bin"
-for tool in bash env id grep cat rm mkdir; do ln -s "$(command -v $tool)" "$work/bin/$tool"; done
+for tool in bash env id grep cat rm mkdir printf sort head; do ln -s "$(command -v $tool)" "$work/bin/$tool"; done
 cat >"$work/bin/rpm" <<'EOF'
 #!/bin/bash
 # rpm -q NAME: installed when listed in $RPM_INSTALLED
@@ -45,6 +45,17 @@ rm -f "$work/log"
 env -i PATH="$work/bin" RPM_INSTALLED="$all" DNF_LOG="$work/log" bash "$root/scripts/install-deps" ||
   fail "exit $? with everything installed"
 [ ! -f "$work/log" ] || fail "dnf was run with everything installed"
+
+# Everything there, but the distribution's libfabric below the floor (Ubuntu 22.04's 1.11):
+# said, with what to do, exit 1; with LIBFABRIC naming another install, not said.
+printf '#!/bin/bash\necho 1.11.0\n' >"$work/bin/pkg-config"; chmod +x "$work/bin/pkg-config"
+out=$(env -i PATH="$work/bin" RPM_INSTALLED="$all" DNF_LOG="$work/log" bash "$root/scripts/install-deps" 2>&1)
+rc=$?
+[ $rc -eq 1 ] && [[ "$out" == *"libfabric is 1.11.0, below the 1.17"*"LIBFABRIC=/opt/amazon/efa"* ]] ||
+  fail "libfabric 1.11: exit $rc, '$out'"
+env -i PATH="$work/bin" RPM_INSTALLED="$all" DNF_LOG="$work/log" LIBFABRIC=/opt/x \
+  bash "$root/scripts/install-deps" || fail "LIBFABRIC set: exit $?"
+echo "libfabric 1.11 named: $out"
 
 # This machine's own package manager.
 out=$("$root/scripts/install-deps" --print) || fail "--print here: exit $?"
