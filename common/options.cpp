@@ -6,6 +6,7 @@
 #include "oob.hpp"
 #include "protocol.hpp"
 #include "provider_watch.hpp"
+#include "report.hpp"
 
 #include <algorithm>
 #include <cctype>
@@ -233,7 +234,8 @@ static void AddWindowOptions(CLI::App& app, Options& o) {
           "Server: requests in flight per client, at most; one more is refused", "N",
           Range{1, 1u << 16});
 
-  app.add_flag("--json", o.json, "Print the summary as one JSON line");
+  app.add_flag("--json", o.json,
+               "Print the summary as one JSON line on stdout, and every other line on stderr");
   app.add_option("--link-gbps", o.link_gbps,
                  "Link rate for '% of link' when the provider cannot know it (tc shaping)")
       ->check(CLI::PositiveNumber);  // CLI11 names the option and the value
@@ -416,6 +418,7 @@ int ParseCommandLine(int argc, char** argv, const char* about, const char* progr
   }
   if (int rc = TakeOobAddress(program, app.count("--timeout") > 0, options); rc >= 0) return rc;
   if (!options.peer.empty()) SetStuckSeconds(std::max(kStuckSeconds, options.timeout_s));
+  if (options.json) RecordsOnStdout();
   return -1;
 }
 

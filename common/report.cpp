@@ -169,9 +169,22 @@ std::string ClockProblem(const Summary& s, double wall_seconds) {
   return why;
 }
 
-void PrintSummary(const Summary& s, bool json) {
-  std::printf("%s\n", FormatSummary(s, json).c_str());
+namespace {
+FILE* records = nullptr;  // --json: the real stdout, for records only (RecordsOnStdout)
+}  // namespace
+
+void RecordsOnStdout() {
+  if (records != nullptr) return;
   std::fflush(stdout);
+  const int fd = dup(STDOUT_FILENO);
+  if (fd < 0 || (records = fdopen(fd, "w")) == nullptr) return;  // then both share stdout
+  dup2(STDERR_FILENO, STDOUT_FILENO);
+}
+
+void PrintSummary(const Summary& s, bool json) {
+  FILE* out = json && records != nullptr ? records : stdout;
+  std::fprintf(out, "%s\n", FormatSummary(s, json).c_str());
+  std::fflush(out);
 }
 
 std::string FormatProgress(uint64_t writes, uint64_t expected_writes, uint64_t bytes,

@@ -80,6 +80,9 @@ double Gbps(uint64_t bytes, double seconds);
 // "summary: ..." on one line, or the same figures as one JSON object.
 std::string FormatSummary(const Summary& s, bool json);
 void PrintSummary(const Summary& s, bool json);
+// --json: stdout holds the JSON records only (PrintSummary's), one a line, for jq and
+// scripts; every line for people, printed to stdout by whatever code, goes to stderr.
+void RecordsOnStdout();
 
 // "progress: 4.0 s, 45.1% done, 1847 ops, 121.0 MB, 3.918 Gbps (98.0% of link), 0.0075 Mpps"
 // (no "% of link" when link_gbps is 0).

@@ -329,7 +329,7 @@ TEST(Cluster, ClientsComeAndGoAroundALongTransfer) {
   EXPECT_EQ(NumberAfter(r.out, "\"verified_bytes\":"), 512LL * 65536 * 4) << r.out;
   EXPECT_TRUE(WaitForOutput(server, "client 3 lost: ", 20s)) << server.Output();
   // The long client's clock starts about when its first progress line's second began.
-  const std::vector<Interval> rates = RatesEachSecond(r.out);
+  const std::vector<Interval> rates = RatesEachSecond(r.err);  // --json: progress on stderr
   ASSERT_GE(rates.size(), 10u) << r.out;
   const double offset = long_from - rates.front().end_s;
   std::vector<double> alone;
@@ -397,14 +397,14 @@ TEST(Cluster, P5DressRehearsal) {
   EXPECT_EQ(server.exit_code, 0) << server.err;
   const std::string b = mc.name() + "b";
   // The header line as on a p5: the published table's groups, this host's NICs in them.
-  EXPECT_NE(client.out.find("GPUs: 8, NICs: 32"), std::string::npos) << client.out;
-  EXPECT_NE(client.out.find("cuda:0(53:00.0) NUMA0 CPU 0-11 " + b + "0 (4f:00.0) " + b +
+  EXPECT_NE(client.err.find("GPUs: 8, NICs: 32"), std::string::npos) << client.err;
+  EXPECT_NE(client.err.find("cuda:0(53:00.0) NUMA0 CPU 0-11 " + b + "0 (4f:00.0) " + b +
                             "1 (50:00.0) " + b + "2 (51:00.0) " + b + "3 (52:00.0)\n"),
             std::string::npos)
-      << client.out;
-  EXPECT_NE(client.out.find("cuda:7(ca:00.0) NUMA1 CPU 84-95 " + b + "28 (c6:00.0)"),
+      << client.err;
+  EXPECT_NE(client.err.find("cuda:7(ca:00.0) NUMA1 CPU 84-95 " + b + "28 (c6:00.0)"),
             std::string::npos)
-      << client.out;
+      << client.err;
   // Nine rungs, each of 32 lanes, each verified.
   size_t rungs = 0;
   for (size_t at = client.out.find("{\"bytes\""); at != std::string::npos;
@@ -422,7 +422,7 @@ TEST(Cluster, P5DressRehearsal) {
   EXPECT_NE(server.out.find("32 lanes, 8 threads, pinned"), std::string::npos) << server.out;
   EXPECT_NE(server.out.find("planned: cpu 0, memory on node 0"), std::string::npos) << server.out;
   EXPECT_NE(server.out.find("planned: cpu 84, memory on node 1"), std::string::npos) << server.out;
-  std::printf("%s", client.out.c_str());
+  std::printf("%s%s", client.err.c_str(), client.out.c_str());
   // The server's set-up time per rung (32 lanes opened on 2 cores), for whoever reads the log.
   for (size_t at = server.out.find(" connected: "); at != std::string::npos;
        at = server.out.find(" connected: ", at + 1)) {

@@ -81,10 +81,12 @@ TEST_P(Engine, OneTwoAndFourLanesWithOneAndTwoThreads) {
       EXPECT_EQ(NumberAfter(client.out, "\"receiver_cq_entries\":"), 16384) << client.out;
       // Each lane's writer (as ACCEPT names it) is in that lane's AV before the first WRITE,
       // as efa-direct requires of a target, on every provider.
-      EXPECT_NE(client.out.find("the server's writers are in our lanes' AVs: " +
+      EXPECT_NE(client.err.find("the server's writers are in our lanes' AVs: " +
                                 std::to_string(lanes) + " of " + std::to_string(lanes) + " lanes"),
                 std::string::npos)
-          << client.out;
+          << client.err;
+      EXPECT_TRUE(OnlyJsonLines(client.out)) << client.out;  // --json: the lines for people
+                                                             // go to stderr
     }
   }
   Result done = server.Wait();
@@ -204,7 +206,8 @@ TEST_P(Engine, EverySwitchOfTheLadderDoesWhatItSays) {
     EXPECT_EQ(NumberAfter(ladder.out.substr(start), "\"verified_bytes\":"), 40LL * 16384 * 2)
         << rung;
   }
-  EXPECT_NE(ladder.out.find("| step | Gbps | % of link | Mpps |"), std::string::npos);
+  EXPECT_NE(ladder.err.find("| step | Gbps | % of link | Mpps |"), std::string::npos);
+  EXPECT_TRUE(OnlyJsonLines(ladder.out)) << ladder.out;  // one record per rung, nothing else
 
   Result done = server.Wait();
   ASSERT_EQ(done.exit_code, 0) << done.err;
@@ -412,7 +415,7 @@ TEST_P(Engine, AnotherClientsRegionIsNeverGiven) {
     Result r = owner.Wait(120s);
     // The owner starved by a data thread that was held (a loaded host), not by the
     // thief: once more, with the server's own word for it printed (process.hpp).
-    const std::string held = HeldDataThreadLine(server.process().Output() + r.out);
+    const std::string held = HeldDataThreadLine(server.process().Output() + r.out + r.err);
     if (r.exit_code != 0 && attempt == 1 && !held.empty()) {
       // How the owner ended, for the next reader: CI's owners outlived the move by minutes.
       std::printf(

@@ -553,7 +553,7 @@ TEST_P(HostileService, TransferLongerThanPeerTimeout) {
                            120s);
       // Dropped because the server's data thread was held past --peer-timeout (tcp,
       // a loaded host): a silence the server was right to count. Once more (process.hpp).
-      const std::string why = HeldDataThreadLine(server.process().Output() + r.out);
+      const std::string why = HeldDataThreadLine(server.process().Output() + r.out + r.err);
       if (r.exit_code != 0 && attempt == 1 && !why.empty()) {
         std::printf("attempt 1: a data thread was held: %s; once more\n", why.c_str());
         held = true;
@@ -680,7 +680,7 @@ void ClaimALane(const std::string& provider_name, const std::string& spelling) {
     // The victim starved by a data thread that was held (a loaded host), not by the claim:
     // this round once more, with the held thread's line printed (process.hpp).
     const std::string this_round = attacked->process().Output().substr(earlier);
-    const std::string held = HeldDataThreadLine(this_round + r.out);
+    const std::string held = HeldDataThreadLine(this_round + r.out + r.err);
     if (r.exit_code != 0 && !tried_again && !held.empty()) {
       // Against a new server: over 1.17's shm the starved victim, gone with WRITEs in flight,
       // holds every later WRITE of the lane behind its own (README, "Which provider keeps

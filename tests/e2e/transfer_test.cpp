@@ -136,6 +136,9 @@ TEST_P(Transfer, ReportedRateAgreesWithWallTime) {
   const double wall =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  if (stage() >= "04") {
+    EXPECT_TRUE(OnlyJsonLines(r.out)) << r.out;  // --json: records only
+  }
   const double expected_bytes = 256.0 * 65536 * 8 * RequestsOf(stage());
   double bytes = 0, seconds = 0, server_seconds = 0;
   if (stage() < "04") {  // 03 prints "received N WRITEs (B bytes) in S s (server: T s)"
@@ -294,11 +297,12 @@ TEST_P(Lanes, FourLanesVerified) {
   ASSERT_EQ(four.exit_code, 0) << four.err;
   EXPECT_EQ(NumberAfter(four.out, "\"verified_bytes\":"), 257LL * 16384 * 3);
   EXPECT_EQ(NumberAfter(four.out, "\"lanes\":"), 4);
-  EXPECT_NE(four.out.find("4 lanes"), std::string::npos) << four.out;
+  EXPECT_NE(four.err.find("4 lanes"), std::string::npos) << four.err;
   // Every lane's initiator is in that lane's AV before the first WRITE (efa-direct's rule).
-  EXPECT_NE(four.out.find("the server's writers are in our lanes' AVs: 4 of 4 lanes"),
+  EXPECT_NE(four.err.find("the server's writers are in our lanes' AVs: 4 of 4 lanes"),
             std::string::npos)
-      << four.out;
+      << four.err;
+  EXPECT_TRUE(OnlyJsonLines(four.out)) << four.out;
   Result six = RunClient("06_multi_nic", GetParam(), server.address(),
                          {"--memory", "host", "--nics", "6", "--pages", "64", "-S", "4k"});
   ASSERT_EQ(six.exit_code, 0) << six.err;

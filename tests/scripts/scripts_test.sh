@@ -41,8 +41,11 @@ if ! command -v shellcheck >/dev/null; then
   echo "shellcheck is not installed (scripts/install-deps installs it): not checked"
   exit 77
 fi
+# From the root, as a user runs it: shellcheck then follows the scripts' `source scripts/...`
+# (bench-lib.sh uses variables of the scripts that source it).
+cd "$root" || fail "no $root"
 shell_files=()
-for f in "$root"/scripts/* "$root"/tests/scripts/*.sh; do
+for f in scripts/* tests/scripts/*.sh; do
   head -1 "$f" | grep -qE '^#!.*(bash|/sh)|^# shellcheck shell=' && shell_files+=("$f")
 done
 [ "${#shell_files[@]}" -ge 20 ] || fail "only ${#shell_files[@]} shell files found"

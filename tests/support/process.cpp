@@ -151,7 +151,9 @@ bool WaitForOutput(const Process& process, const std::string& text,
                    std::chrono::duration<double> limit) {
   const auto end = Clock::now() + limit;
   while (Clock::now() < end) {
-    if (process.Output().find(text) != std::string::npos) return true;
+    if (process.Output().find(text) != std::string::npos ||
+        process.Errors().find(text) != std::string::npos)
+      return true;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   return false;
@@ -225,6 +227,19 @@ Result RunClient(const std::string& stage, const std::string& provider, const st
   argv.push_back(address);
   for (auto& a : args) argv.push_back(a);
   return RunToEnd(argv, limit);
+}
+
+bool OnlyJsonLines(const std::string& out) {
+  size_t records = 0;
+  for (size_t at = 0; at < out.size();) {
+    size_t end = out.find('\n', at);
+    if (end == std::string::npos) end = out.size();
+    const std::string line = out.substr(at, end - at);
+    if (!line.empty() && (line.front() != '{' || line.back() != '}')) return false;
+    records += !line.empty();
+    at = end + 1;
+  }
+  return records > 0;
 }
 
 }  // namespace testing_support

@@ -70,7 +70,8 @@ class TempDir {
 std::string ReadFile(const std::string& path);
 // Waits for `path` to hold a whole line and returns it without the newline ("" on timeout).
 std::string WaitForLine(const std::string& path, std::chrono::duration<double> limit);
-// Waits until `process` printed `text` on stdout (true), or `limit` passed (false).
+// Waits until `process` printed `text` on stdout or stderr (true; with --json the lines for
+// people are on stderr), or `limit` passed (false).
 bool WaitForOutput(const Process& process, const std::string& text,
                    std::chrono::duration<double> limit);
 
@@ -86,6 +87,9 @@ double DecimalAfter(const std::string& text, const std::string& key);
 // loaded host can hold a pinned thread off its core for seconds; a held thread is not what the
 // tests that call this test: they try their scenario again once, and say so.
 std::string HeldDataThreadLine(const std::string& log);
+
+// Whether `out` holds JSON records only, one a line, and at least one (--json's stdout).
+bool OnlyJsonLines(const std::string& out);
 
 // Provider arguments for a test: tcp is pinned to the loopback domain, so nothing leaves
 // this host.
