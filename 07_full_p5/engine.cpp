@@ -326,16 +326,19 @@ void PrepareFor(Worker& w, PeerSlot& slot) {
   const bool eager = !slot.peer->On(wire::kEngineLazy);  // --eager-post: lazy posting off
   // </rung lazy>
   // <without lazy> const bool eager = true;
+  const size_t lanes = slot.peer->regions.size();
+  // <without batch> const uint64_t batch = slot.lanes_used;  // one round: a WRITE a share
+  // <without batch> uint64_t budget = batch;
+  // <without batch> {
   // <rung batch>
-  // --batch: prepares at most --batch WRITEs per lane each visit (1: one, then poll again).
+  // --batch: round the shares again and again until --batch WRITEs per lane are prepared
+  // (or none is left to prepare), and only then poll: one visit, many WRITEs.
   const uint64_t batch = settings.batch * slot.lanes_used;
-  // </rung batch>
-  // <without batch> const uint64_t batch = slot.lanes_used;
   uint64_t budget = batch;
   bool prepared_any = true;
-  const size_t lanes = slot.peer->regions.size();
   while (budget > 0 && prepared_any) {
     prepared_any = false;
+    // </rung batch>
     for (auto& share : slot.shares) {
       if (!share->placed || share->prepared == share->total) continue;
       Op* op = TakeOp(slot);
@@ -356,7 +359,9 @@ void PrepareFor(Worker& w, PeerSlot& slot) {
       op->lane = lane;
       slot.pending[lane].push_back(op);
       if (eager && slot.pending[lane].size() >= settings.doorbell) Flush(w, slot, lane, false);
+      // <rung batch>
       prepared_any = true;
+      // </rung batch>
       if (--budget == 0) break;
     }
   }

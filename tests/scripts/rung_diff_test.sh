@@ -80,9 +80,8 @@ for r in $rungs; do
   bin=$below/07_full_p5.bin
   "$bin" --help >/dev/null || fail "rung $r: the rung below's --help exits $?"
   # A client over shm, served by the rung below (its other switches at their defaults). It
-  # waits up to 60 s for answers, not the default 10: CI's 2.6 half once saw a rung below's
-  # server (built without optimization) leave the CONNECT unanswered for 10 s, beside another
-  # test on its 2 cores. This test is about builds and diffs; a server that never answers still
+  # waits up to 60 s for answers, not the default 10: a rung below's server is built without
+  # optimization and may leave a CONNECT unanswered for 10 s beside another test on 2 cores. This test is about builds and diffs; a server that never answers still
   # fails it, with its output and state.
   rm -f "$tmp/addr"
   "$bin" -p shm --memory host --address-file "$tmp/addr" --exit-after 1 >"$tmp/server.out" 2>&1 &
