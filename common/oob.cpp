@@ -11,6 +11,7 @@
 #include <cstring>
 #include <thread>
 
+#include "address.hpp"
 #include "error.hpp"
 
 namespace common {
@@ -46,9 +47,10 @@ int Listen(uint16_t port, std::string& why) {
     }
     if (bind(fd, reinterpret_cast<sockaddr*>(&address), length) == 0 && listen(fd, 64) == 0)
       return fd;
-    why = std::strerror(errno);
+    const int error = errno;
+    why = std::strerror(error);
     close(fd);
-    if (why == std::strerror(EADDRINUSE)) break;  // the other family would say the same
+    if (error == EADDRINUSE) break;  // the other family would say the same
   }
   return -1;
 }
@@ -133,9 +135,12 @@ std::string FetchAddressFrom(const std::string& host, uint16_t port, double seco
   for (;;) {
     const std::string line = TryOnce(host, port, deadline, why);
     if (!line.empty()) {
-      if (line.find_first_not_of("0123456789abcdefABCDEF") != std::string::npos || line.size() % 2)
+      try {
+        FromHex(line);  // the check every address argument gets
+      } catch (const UsageError& e) {
         throw Error(where + " answered something that is not an address: '" + line.substr(0, 60) +
-                    "'");
+                    "' (" + e.what() + ")");
+      }
       return line;
     }
     if (Clock::now() >= deadline) break;
