@@ -397,8 +397,11 @@ void ClientSession::PlanReceivers() {
   given_ = GivenCpus();  // before any thread pins itself
   for (size_t t = 0; t < threads; ++t) {
     auto r = std::make_unique<Receiver>();
-    r->first_lane = t * lanes_.size() / threads;
+    // <rung threads>
+    r->first_lane = t * lanes_.size() / threads;  // the server's thread t's block of lanes
     r->lane_count = (t + 1) * lanes_.size() / threads - r->first_lane;
+    // </rung threads>
+    // <without threads> r->lane_count = lanes_.size();  // the one thread: every lane
     r->arrived.assign(requests_.size() + 1, 0);
     r->per_lane = std::make_unique<std::atomic<uint64_t>[]>(r->lane_count);
     for (size_t l = r->first_lane; l < r->first_lane + r->lane_count; ++l)

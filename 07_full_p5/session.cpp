@@ -429,8 +429,11 @@ void Engine::Build(const Shape& wanted) {
     auto w = std::make_unique<Worker>();
     w->engine = this;
     w->index = t;
-    w->first_lane = t * lanes / threads;
+    // <rung threads>
+    w->first_lane = t * lanes / threads;  // thread t: the t-th contiguous block of lanes
     w->lane_count = (t + 1) * lanes / threads - w->first_lane;
+    // </rung threads>
+    // <without threads> w->lane_count = lanes;  // the one thread: every lane
     w->group = &plan.groups[plan.group_of[w->first_lane]];
     const std::vector<unsigned> cpus =
         here ? CpusWithin(w->group->cpus, cores.given) : w->group->cpus;

@@ -2,7 +2,8 @@
 // on with libfabric directly and does, on purpose, what a careless or malicious process on
 // the network could: oversized and malformed messages, CONNECTs that name addresses where
 // nothing listens, floods of clients, huge or endless requests, leaving mid-request, never
-// reading its completions, writing into another client's region with guessed keys.
+// reading its completions, writing into another client's region with guessed keys, dying
+// right after a CONNECT.
 //
 //   hostile_peer [-p PROVIDER] [--domain D] ADDRESS CASE [--count N] [--victim FILE]
 //
@@ -11,14 +12,14 @@
 // it could not (which the tests read as the attack not even starting), 2 on bad usage.
 #include <CLI/CLI.hpp>
 
-#include <rdma/fabric.h>
 #include <netinet/in.h>
-#include <cstddef>
+#include <rdma/fabric.h>
 #include <rdma/fi_cm.h>
 #include <rdma/fi_domain.h>
 #include <rdma/fi_endpoint.h>
 #include <rdma/fi_errno.h>
 #include <rdma/fi_rma.h>
+#include <cstddef>
 
 #include <signal.h>
 #include <sys/resource.h>
@@ -326,7 +327,8 @@ std::vector<uint8_t> Respell(std::vector<uint8_t> address, const std::string& ho
   if (how == "same") return address;
   const bool text = info.addr_format == FI_ADDR_STR;
   std::string name = text ? std::string(reinterpret_cast<const char*>(address.data())) : "";
-  const std::string bare = name.substr(name.find("://") == std::string::npos ? 0 : name.find("://") + 3);
+  const std::string bare =
+      name.substr(name.find("://") == std::string::npos ? 0 : name.find("://") + 3);
   auto bytes = [](const std::string& s) {
     std::vector<uint8_t> b(s.begin(), s.end());
     b.push_back(0);
@@ -516,6 +518,19 @@ int main(int argc, char** argv) {
                   static_cast<unsigned long long>(count));
       std::fflush(stdout);
       kill(getpid(), SIGKILL);
+    }
+    if (what == "connect-die" || what == "connect-exit") {
+      // A CONNECT, then gone at once, before any answer: dead (SIGKILL), or closing its
+      // endpoint and exiting. The server's ACCEPT goes to an endpoint that is gone, and over
+      // shm the CONNECT may be read from a region that is.
+      auto p = Open(options, server, true);
+      RegisterRegion(*p, 1 << 20);
+      if (!SendMessage(*p, ConnectOf(*p, 1 << 20), deadline)) throw Error(p->last_error);
+      std::printf("%s: sent a CONNECT, leaving\n", what.c_str());
+      std::fflush(stdout);
+      if (what == "connect-die") kill(getpid(), SIGKILL);
+      p.reset();  // its endpoint closed, as a program that exits does
+      Leave(0);
     }
     if (what == "stranger-bye") {
       // A process that never connected sends BYE, a TRANSFER and a malformed message, --count
