@@ -177,6 +177,8 @@ class ServerFilter {
         Ignore("without our token");
         return std::nullopt;
       }
+      // Our server, of another stage or version: said at once, not misunderstood.
+      if (std::string why = wire::Mismatch(message); !why.empty()) throw UsageError(why);
       return message;
     } catch (const wire::ProtocolError& e) {
       Ignore(std::string("that does not decode (") + e.what() + ")");

@@ -1,6 +1,7 @@
 #include "program.hpp"
 
 #include "error.hpp"
+#include "protocol.hpp"
 #include "provider.hpp"
 
 #include <semaphore.h>
@@ -64,6 +65,7 @@ void Abandon(const char* program, const std::string& why) {
 
 int RunProgram(const char* name, const std::function<int()>& body) {
   program_name.store(name);
+  wire::SetOwnStage(wire::StageOfProgram(name));  // what its messages say it is
   try {
     return body();
   } catch (const Error& e) {

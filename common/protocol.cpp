@@ -1,6 +1,9 @@
 #include "protocol.hpp"
 
+#include <atomic>
+#include <cctype>
 #include <cstring>
+#include <iterator>
 #include <random>
 #include <type_traits>
 
@@ -80,6 +83,9 @@ std::vector<uint8_t> Encode(const Message& message, uint32_t token) {
   uint16_t type = 0;
   if (auto* c = std::get_if<Connect>(&message)) {
     type = static_cast<uint16_t>(MessageType::kConnect);
+    w.Put(c->stage);  // the stable part: stage, reply address, lane count, first address
+    w.Put(static_cast<uint32_t>(c->reply.size()));
+    w.PutBytes(c->reply);
     w.Put(static_cast<uint32_t>(c->lanes.size()));
     for (const auto& lane : c->lanes) {
       w.Put(static_cast<uint32_t>(lane.address.size()));
@@ -87,8 +93,6 @@ std::vector<uint8_t> Encode(const Message& message, uint32_t token) {
       w.Put(lane.region);
     }
     w.Put(c->engine);
-    w.Put(static_cast<uint32_t>(c->reply.size()));
-    w.PutBytes(c->reply);
   } else if (auto* t = std::get_if<Transfer>(&message)) {
     type = static_cast<uint16_t>(MessageType::kTransfer);
     w.Put(t->request_id);
@@ -100,7 +104,8 @@ std::vector<uint8_t> Encode(const Message& message, uint32_t token) {
   } else if (auto* e = std::get_if<ErrorReply>(&message)) {
     type = static_cast<uint16_t>(MessageType::kError);
     w.Put(e->request_id);
-    const size_t room = kMaxMessageBytes - sizeof(Header) - 8;
+    w.Put(e->stage);
+    const size_t room = kMaxMessageBytes - sizeof(Header) - 12;  // request id, stage, length
     const std::string text = e->text.substr(0, room);
     w.Put(static_cast<uint32_t>(text.size()));
     w.PutBytes({reinterpret_cast<const uint8_t*>(text.data()), text.size()});
@@ -113,7 +118,7 @@ std::vector<uint8_t> Encode(const Message& message, uint32_t token) {
     }
     w.Put(a->setup_ns);
     w.Put(a->session);
-    w.Put(uint32_t{0});
+    w.Put(a->stage);
   } else if (auto* d = std::get_if<Done>(&message)) {
     type = static_cast<uint16_t>(MessageType::kDone);
     w.Put(d->request_id);
@@ -131,7 +136,10 @@ std::vector<uint8_t> Encode(const Message& message, uint32_t token) {
   } else {
     type = static_cast<uint16_t>(MessageType::kBye);
   }
-  Header h{kMagic, kVersion, type, static_cast<uint32_t>(w.bytes.size()), token};
+  const uint16_t version = type == static_cast<uint16_t>(MessageType::kError)
+                               ? std::get<ErrorReply>(message).version
+                               : kVersion;
+  Header h{kMagic, version, type, static_cast<uint32_t>(w.bytes.size()), token};
   std::memcpy(w.bytes.data(), &h, sizeof(h));
   if (w.bytes.size() > kMaxMessageBytes)
     throw ProtocolError("message of " + std::to_string(w.bytes.size()) +
@@ -144,14 +152,22 @@ Message Decode(std::span<const uint8_t> bytes, uint32_t* token) {
   const auto h = r.Get<Header>("header");
   if (token != nullptr) *token = h.token;
   if (h.magic != kMagic) throw ProtocolError("wrong magic " + std::to_string(h.magic));
-  if (h.version != kVersion)
-    throw ProtocolError("unsupported version " + std::to_string(h.version));
   if (h.length != bytes.size())
     throw ProtocolError("header says " + std::to_string(h.length) + " bytes but " +
                         std::to_string(bytes.size()) + " arrived");
+  const bool stable_error =
+      h.version >= kFirstStableVersion && static_cast<MessageType>(h.type) == MessageType::kError;
+  if (h.version != kVersion && !stable_error)
+    throw ProtocolError("wire version " + std::to_string(h.version) + " (this program speaks " +
+                        std::to_string(kVersion) + ")");
   switch (static_cast<MessageType>(h.type)) {
     case MessageType::kConnect: {
       Connect c;
+      c.stage = r.Get<uint32_t>("stage");
+      const auto reply = r.Get<uint32_t>("reply address length");
+      CheckAtMost(reply, kMaxAddressBytes, "reply address length");
+      auto reply_bytes = r.GetBytes(reply, "reply address");
+      c.reply.assign(reply_bytes.begin(), reply_bytes.end());
       const auto lanes = r.Get<uint32_t>("lane count");
       if (lanes == 0) throw ProtocolError("lane count 0");
       CheckAtMost(lanes, kMaxLanes, "lane count");
@@ -182,10 +198,6 @@ Message Decode(std::span<const uint8_t> bytes, uint32_t* token) {
       CheckAtMost(c.engine.doorbell, kMaxBatch, "engine doorbell");
       CheckAtMost(c.engine.window, kMaxWindow, "engine window");
       CheckAtMost(c.engine.memory, kMaxRegionBytes, "engine memory");
-      const auto reply = r.Get<uint32_t>("reply address length");
-      CheckAtMost(reply, kMaxAddressBytes, "reply address length");
-      auto bytes = r.GetBytes(reply, "reply address");
-      c.reply.assign(bytes.begin(), bytes.end());
       r.ExpectEnd();
       return c;
     }
@@ -205,7 +217,9 @@ Message Decode(std::span<const uint8_t> bytes, uint32_t* token) {
     }
     case MessageType::kError: {
       ErrorReply e;
+      e.version = h.version;
       e.request_id = r.Get<uint32_t>("request id");
+      e.stage = r.Get<uint32_t>("stage");
       const auto n = r.Get<uint32_t>("text length");
       auto text = r.GetBytes(n, "text");
       e.text.assign(text.begin(), text.end());
@@ -239,7 +253,7 @@ Message Decode(std::span<const uint8_t> bytes, uint32_t* token) {
       a.setup_ns = r.Get<uint64_t>("setup time");
       a.session = r.Get<uint32_t>("session token");
       if (a.session == 0) throw ProtocolError("session token 0");
-      r.Get<uint32_t>("padding");
+      a.stage = r.Get<uint32_t>("stage");
       r.ExpectEnd();
       return a;
     }
@@ -258,6 +272,68 @@ Message Decode(std::span<const uint8_t> bytes, uint32_t* token) {
     }
   }
   throw ProtocolError("unknown message type " + std::to_string(h.type));
+}
+
+std::optional<ForeignConnect> PeekForeignConnect(std::span<const uint8_t> bytes) {
+  try {
+    Reader r(bytes);
+    const auto h = r.Get<Header>("header");
+    if (h.magic != kMagic || h.version < kFirstStableVersion || h.version == kVersion ||
+        static_cast<MessageType>(h.type) != MessageType::kConnect)
+      return std::nullopt;
+    ForeignConnect c{h.version, h.token, r.Get<uint32_t>("stage"), {}};
+    const auto reply = r.Get<uint32_t>("reply address length");
+    CheckAtMost(reply, kMaxAddressBytes, "reply address length");
+    auto address = r.GetBytes(reply, "reply address");
+    if (reply == 0) {  // the first lane's
+      if (r.Get<uint32_t>("lane count") == 0) return std::nullopt;
+      const auto n = r.Get<uint32_t>("address length");
+      CheckAtMost(n, kMaxAddressBytes, "address length");
+      address = r.GetBytes(n, "address");
+    }
+    if (address.empty()) return std::nullopt;
+    c.reply.assign(address.begin(), address.end());
+    return c;
+  } catch (const ProtocolError&) {
+    return std::nullopt;
+  }
+}
+
+static std::atomic<uint32_t> own_stage{0};
+void SetOwnStage(uint32_t stage) {
+  own_stage.store(stage);
+}
+uint32_t OwnStage() {
+  return own_stage.load();
+}
+uint32_t StageOfProgram(const std::string& name) {
+  if (name.size() < 3 || !std::isdigit(static_cast<unsigned char>(name[0])) ||
+      !std::isdigit(static_cast<unsigned char>(name[1])) || name[2] != '_')
+    return 0;
+  return static_cast<uint32_t>((name[0] - '0') * 10 + (name[1] - '0'));
+}
+std::string StageName(uint32_t stage) {
+  static const char* const kNames[] = {"01_send_recv",  "02_bidirectional", "03_gpudirect_write",
+                                       "04_concurrent", "05_queuing",       "06_multi_nic",
+                                       "07_full_p5"};
+  if (stage >= 1 && stage <= std::size(kNames)) return kNames[stage - 1];
+  return stage == 0 ? "a program of no stage" : "stage " + std::to_string(stage);
+}
+
+std::string Mismatch(const Message& answer) {
+  uint32_t stage = OwnStage();
+  if (auto* e = std::get_if<ErrorReply>(&answer)) {
+    if (e->version != kVersion)
+      return "the server speaks wire version " + std::to_string(e->version) + " and " +
+             StageName(OwnStage()) + " version " + std::to_string(kVersion) +
+             ": run a client and a server of one release (it said: " + e->text + ")";
+    stage = e->stage;
+  } else if (auto* a = std::get_if<Accept>(&answer)) {
+    stage = a->stage;
+  }
+  if (stage == OwnStage()) return "";
+  return "the server is " + StageName(stage) + " and this client " + StageName(OwnStage()) +
+         ": a client is served by a server of its own stage";
 }
 
 uint32_t TokenOf(std::span<const uint8_t> bytes) {

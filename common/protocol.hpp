@@ -16,7 +16,22 @@
 namespace common::wire {
 
 inline constexpr uint32_t kMagic = 0x50444d52;  // "RMDP" on the wire, little-endian
-inline constexpr uint16_t kVersion = 2;         // 2: the header carries a token
+// 2: the header carries a token. 3: messages carry their sender's stage, and what a server
+// needs to answer a client of any later version keeps its place (kFirstStableVersion).
+inline constexpr uint16_t kVersion = 3;
+// From this version on, these never move: the header; a CONNECT's first fields (its stage,
+// its reply address, its lane count and first lane's address); an ERROR whole. So a server
+// can refuse a client of another version by name, and the client read why.
+inline constexpr uint16_t kFirstStableVersion = 3;
+
+// The stage a program speaks for (2 for 02_bidirectional ... 7 for 07_full_p5): the leading
+// number of its name (common::RunProgram sets it; hostile_peer takes it as an option). Its
+// CONNECTs, ACCEPTs and ERRORs carry it, and a client and a server of different stages tell
+// each other at once instead of misunderstanding each other.
+void SetOwnStage(uint32_t stage);
+uint32_t OwnStage();
+uint32_t StageOfProgram(const std::string& name);  // "05_queuing" -> 5; 0: no stage
+std::string StageName(uint32_t stage);             // 5 -> "05_queuing"
 
 // Limits a receiver enforces (and a sender respects).
 inline constexpr size_t kMaxMessageBytes = 64 * 1024;  // every receive buffer has this size
@@ -91,6 +106,7 @@ struct Engine {
 };
 
 struct Connect {
+  uint32_t stage = OwnStage();
   std::vector<Lane> lanes;
   Engine engine;
   // Where the server's answers go: a control endpoint of the client's own (07). Empty: the
@@ -109,6 +125,8 @@ struct Transfer {
 struct ErrorReply {
   uint32_t request_id = 0;  // 0 when it concerns no request
   std::string text;
+  uint32_t stage = OwnStage();  // the sender's
+  uint16_t version = kVersion;  // as its header says: an ERROR reads the same in any version
 };
 
 struct Bye {};
@@ -119,8 +137,9 @@ struct Bye {};
 // endpoints its WRITEs will come from, one per lane, so the client can tell them from others.
 struct Accept {
   std::vector<std::vector<uint8_t>> writers;  // empty before 07
-  uint64_t setup_ns = 0;  // 07: what opening the session cost the server (endpoints, memory)
-  uint32_t session = 0;   // the token the client's later messages carry (never 0)
+  uint64_t setup_ns = 0;        // 07: what opening the session cost the server (endpoints, memory)
+  uint32_t session = 0;         // the token the client's later messages carry (never 0)
+  uint32_t stage = OwnStage();  // the server's
 };
 
 // A request the server has finished: its first WRITE posted and its last completed, in the
@@ -157,13 +176,28 @@ class ProtocolError : public Error {
 std::vector<uint8_t> Encode(const Message& message, uint32_t token = 0);
 
 // Checks header, type, lengths and counts; throws ProtocolError. `token`, when given, receives
-// the header's token.
+// the header's token. An ERROR of another stable version decodes (its `version` says which);
+// any other message of another version is refused.
 Message Decode(std::span<const uint8_t> bytes, uint32_t* token = nullptr);
+
+// What a server reads of a CONNECT of another version (kFirstStableVersion on), to refuse it
+// by name: nullopt when `bytes` are no such CONNECT.
+struct ForeignConnect {
+  uint16_t version = 0;
+  uint32_t token = 0;
+  uint32_t stage = 0;
+  std::vector<uint8_t> reply;  // the reply address, or the first lane's when none is given
+};
+std::optional<ForeignConnect> PeekForeignConnect(std::span<const uint8_t> bytes);
 
 // The header's token of `bytes`, without decoding the rest; 0 when they hold no header.
 uint32_t TokenOf(std::span<const uint8_t> bytes);
 // The header's message type of `bytes`, without decoding the rest (nullopt: no header).
 std::optional<MessageType> TypeOf(std::span<const uint8_t> bytes);
+
+// A server's answer (ACCEPT, ERROR) that shows it is of another stage or wire version than
+// this program: the line naming both, for the client to end with (exit 2); "" otherwise.
+std::string Mismatch(const Message& answer);
 
 // A random token for a CONNECT or a session, never 0 (what a message without one carries).
 uint32_t NewToken();

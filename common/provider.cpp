@@ -140,8 +140,9 @@ static FiInfoPtr ProviderEntries(const fi_info& hints, const std::string& asked,
   // typing error: exit 77, as for a GPU that is not there.
   static const char* const kNicProviders[] = {"efa", "verbs", "psm2",  "psm3",
                                               "cxi", "opx",   "usnic", "ucx"};
+  const std::string core = chosen.substr(0, chosen.find(';'));  // "verbs" of "verbs;ofi_rxm"
   for (const char* nic : kNicProviders)
-    if (!known && chosen == nic)
+    if (!known && core == nic)
       throw HardwareAbsent("provider '" + asked +
                            "' is not on this machine (no such NIC, or its "
                            "driver is not loaded); this machine has: " +

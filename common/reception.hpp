@@ -229,7 +229,9 @@ class Reception {
     try {
       message = wire::Decode(m.bytes, &token);
     } catch (const wire::ProtocolError& e) {
-      if (genuine)
+      if (auto foreign = wire::PeekForeignConnect(m.bytes))
+        ConnectOfAnotherVersion(*foreign, m.source);
+      else if (genuine)
         Refuse(m.source, 0, e.what());
       else
         std::printf("dropped a message: %s\n", e.what());
@@ -298,17 +300,41 @@ class Reception {
       departed_.erase(d);
     }
     departures_.Revive(id);
-    mail_.Seal(id, token);                    // our answers carry the client's own token back
-    if (!hooks_.open && reply != lanes[0]) {  // 03-06 answer and write to the same address
-      RefuseAs(id, number, 0,
-               std::string(ProgramName()) + " serves clients of its own stage: this CONNECT " +
-                   "names a reply address apart from its lane 0 (a 07_full_p5 client?)");
+    mail_.Seal(id, token);  // our answers carry the client's own token back
+    std::string other;      // a client this stage cannot serve: told, not left to time out
+    if (connect.stage != wire::OwnStage())
+      other = std::string(ProgramName()) + " serves clients of its own stage; this CONNECT is " +
+              "from " + wire::StageName(connect.stage);
+    else if (!hooks_.open && reply != lanes[0])  // 03-06 answer and write to the same address
+      other = "this CONNECT names a reply address apart from its lane 0";
+    if (!other.empty()) {
+      RefuseAs(id, number, 0, other);
       departed_[id] = {{id}, Clock::now()};
       return;
     }
     if (Claimed(lanes, reply, id, number, waited != waiting_.end())) return;
     if (waited != waiting_.end()) waiting_.erase(waited);
     if (!Full(id, number)) Admit(connect, id, number, token, std::move(reply), std::move(lanes));
+  }
+
+  // A CONNECT of another wire version: refused by name, from what every version keeps in place
+  // (wire::kFirstStableVersion), as a CONNECT of another stage is.
+  void ConnectOfAnotherVersion(const wire::ForeignConnect& c, fi_addr_t source) {
+    fi_addr_t id = FI_ADDR_UNSPEC;
+    try {
+      id = departures_.Insert(c.reply, [&](const auto& a) { return net_.AddPeerAddress(a); });
+    } catch (const Error& e) {
+      std::printf("dropped a CONNECT of wire version %u: %s\n", unsigned{c.version}, e.what());
+      return;
+    }
+    if (!SpokeFromThere(id, source) || clients_.count(id)) return;
+    mail_.Seal(id, c.token);
+    const std::string why = std::string(ProgramName()) + " speaks wire version " +
+                            std::to_string(wire::kVersion) + "; this CONNECT (from " +
+                            wire::StageName(c.stage) + ") is version " + std::to_string(c.version);
+    std::printf("refused a CONNECT: %s\n", why.c_str());
+    mail_.Send(id, wire::ErrorReply{0, why});
+    departed_[id] = {{id}, Clock::now()};
   }
 
   // Answered only once one comes from the address it names: an address that has not spoken

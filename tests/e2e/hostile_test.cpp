@@ -21,6 +21,7 @@
 
 #include "address.hpp"
 #include "process.hpp"
+#include "protocol.hpp"
 #include "provider.hpp"
 
 using namespace testing_support;
@@ -39,6 +40,11 @@ std::string ShmFilesOf(pid_t pid) {
 std::string HostilePeer() {
   const char* path = std::getenv("E2E_HOSTILE_PEER");
   return path ? path : "hostile_peer";
+}
+// hostile_peer speaks as a client of the stage it attacks (--stage): a server refuses a client
+// of another stage at once.
+std::string StageNumber(const std::string& stage) {
+  return std::to_string(common::wire::StageOfProgram(stage));
 }
 
 // Client arguments of a small transfer this stage can verify. --timeout 20: a server that
@@ -62,7 +68,9 @@ class Attacked {
   Attacked(const std::string& stage, const std::string& provider,
            std::vector<std::string> server_args = {})
       : stage_(stage), provider_(provider) {
-    server_args.insert(server_args.begin(), {"--memory", "host", "--timeout", "3"});
+    server_args.insert(server_args.begin(), {"--timeout", "3"});
+    if (stage != "02_bidirectional")  // 02 moves no pages
+      server_args.insert(server_args.begin(), {"--memory", "host"});
     server_ = std::make_unique<StageServer>(stage, provider, 0, server_args);
   }
   const std::string& address() const { return server_->address(); }
@@ -70,7 +78,7 @@ class Attacked {
 
   // Runs hostile_peer CASE against the server; returns what it printed.
   Result Attack(const std::string& what, std::vector<std::string> more = {}) {
-    std::vector<std::string> argv = {HostilePeer()};
+    std::vector<std::string> argv = {HostilePeer(), "--stage", StageNumber(stage_)};
     for (auto& a : ProviderArgs(provider_)) argv.push_back(a);
     argv.push_back(address());
     argv.push_back(what);
@@ -287,7 +295,7 @@ TEST_P(Hostile, VanishedClientsGiveTheirPlacesBack) {
 TEST_P(Hostile, SilentStrangersYieldTheirPlaces) {
   Attacked server(stage(), provider(), {"--peer-timeout", "60"});
   ASSERT_FALSE(server.address().empty());
-  std::vector<std::string> argv = {HostilePeer()};
+  std::vector<std::string> argv = {HostilePeer(), "--stage", StageNumber(stage())};
   for (auto& a : ProviderArgs(provider())) argv.push_back(a);
   argv.insert(argv.end(),
               {server.address(), "flood", "--count", "20", "--hold", "12", "--seconds", "30"});
@@ -341,7 +349,7 @@ TEST_P(Hostile, StoppedClientSaysBye) {
 TEST_P(Hostile, StrangersMessagesAreNotCreditedToAClient) {
   Attacked server(stage(), provider());
   ASSERT_FALSE(server.address().empty());
-  std::vector<std::string> argv = {HostilePeer()};
+  std::vector<std::string> argv = {HostilePeer(), "--stage", StageNumber(stage())};
   for (auto& a : ProviderArgs(provider())) argv.push_back(a);
   argv.insert(argv.end(),
               {server.address(), "stranger-bye", "--count", "100000", "--seconds", "4"});
@@ -439,19 +447,49 @@ TEST_P(HostileService, FakeShmAddress) {
   server.Stop();
 }
 
-// 3b. A 07 client against a 05 server: its CONNECT names a reply address apart from its lane
-// 0, where 03-06 answer and write. It is told so at once (not left to its --timeout, nor
-// written into at an endpoint its key does not open), and the server serves on.
+// 3b. A client of another stage is told at once, by name, exit 2, and the server serves on:
+// a 07 client at a 05 server (which would write to the wrong endpoint of it), a 05 client at
+// a 07 server, a 03 client at a 02 server (which serves TEXT only).
 TEST_P(HostileService, AClientOfAnotherStageIsToldAtOnce) {
-  Attacked server("05_queuing", provider());
-  ASSERT_FALSE(server.address().empty());
-  const auto start = Clock::now();
-  Result r = RunClient("07_full_p5", provider(), server.address(), Normal("07_full_p5"), 60s);
-  EXPECT_LT(std::chrono::duration<double>(Clock::now() - start).count(), 15.0);
-  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
-  EXPECT_NE(r.err.find("05_queuing serves clients of its own stage"), std::string::npos) << r.err;
-  server.ExpectServed();
-  server.Stop();
+  for (const auto& [server_stage, client_stage] : std::vector<std::pair<std::string, std::string>>{
+           {"05_queuing", "07_full_p5"},
+           {"07_full_p5", "05_queuing"},
+           {"02_bidirectional", "03_gpudirect_write"}}) {
+    SCOPED_TRACE(client_stage + " at " + server_stage);
+    Attacked server(server_stage, provider());
+    ASSERT_FALSE(server.address().empty());
+    const auto start = Clock::now();
+    Result r = RunClient(client_stage, provider(), server.address(), Normal(client_stage), 60s);
+    const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    std::printf("%s at %s: exit %d after %.2f s\n", client_stage.c_str(), server_stage.c_str(),
+                r.exit_code, seconds);
+    EXPECT_LT(seconds, 15.0);  // its --timeout is 20 s (loaded hosts: a second here)
+    EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+    EXPECT_NE(r.err.find(client_stage + ": error: the server is " + server_stage +
+                         " and this client " + client_stage),
+              std::string::npos)
+        << r.err;
+    if (server_stage != "02_bidirectional") server.ExpectServed();
+    server.Stop();
+  }
+}
+
+// 3c. A CONNECT of the next wire version (a client of a later release) is refused by name from
+// the fields every version keeps in place, and the server serves on.
+TEST_P(HostileService, AClientOfAnotherWireVersionIsToldAtOnce) {
+  for (const std::string stage : {"05_queuing", "07_full_p5"}) {
+    SCOPED_TRACE(stage);
+    Attacked server(stage, provider());
+    ASSERT_FALSE(server.address().empty());
+    Result attack = server.Attack("connect-version");
+    ASSERT_EQ(attack.exit_code, 0) << attack.out << attack.err;
+    const std::string want = stage + " speaks wire version " +
+                             std::to_string(common::wire::kVersion) + "; this CONNECT (from " +
+                             stage + ") is version " + std::to_string(common::wire::kVersion + 1);
+    EXPECT_NE(attack.out.find("1 answers, the last: " + want), std::string::npos) << attack.out;
+    server.ExpectServed();
+    server.Stop();
+  }
 }
 
 // 5. --max-clients bounds the clients at once: a flood of 20 is refused past the limit, each
@@ -915,7 +953,8 @@ TEST(Shm, TooSmallDevShmIsNamed) {
 
 // 18. A client whose lane's file in /dev/shm is removed while it runs (by any local process
 // that cleans /dev/shm): no server can reach that lane, and the client says so when it gives
-// up, beside the usual words. Its server here is stopped (SIGSTOP), so that nothing answers either way.
+// up, beside the usual words. Its server here is stopped (SIGSTOP), so that nothing answers either
+// way.
 TEST(Shm, AClientWhoseLaneFileIsGoneSaysSo) {
   StageServer server("07_full_p5", "shm", 0, {"--memory", "host"});
   ASSERT_FALSE(server.address().empty());

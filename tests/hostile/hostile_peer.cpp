@@ -5,7 +5,7 @@
 // reading its completions, writing into another client's region with guessed keys, dying
 // right after a CONNECT.
 //
-//   hostile_peer [-p PROVIDER] [--domain D] ADDRESS CASE [--count N] [--victim FILE]
+//   hostile_peer [-p PROVIDER] [--domain D] ADDRESS CASE [--stage N] [--count N] [--victim FILE]
 //
 // Every loop it runs is bounded (--seconds, default 10). It prints one line per thing it did
 // ("sent ...", "refused: ...", "wrote N of M") and exits 0 when it could do its part, 1 when
@@ -358,6 +358,7 @@ int main(int argc, char** argv) {
   double hold = 2;
   std::string victim;
   std::string spelling = "same";
+  uint32_t stage = 7;
   CLI::App app{"A misbehaving client for the tests (see the header of hostile_peer.cpp)",
                "hostile_peer"};
   AddOptions(app, options, kServeOptions);
@@ -372,8 +373,13 @@ int main(int argc, char** argv) {
   app.add_option("--spelling", spelling,
                  "claim-lane: how the victim's lane is written: same, bare (shm: no fi_shm://), "
                  "scheme (shm: fi_ns://), tail (shm: bytes after the NUL; tcp: sin_zero set)");
+  app.add_option("--stage", stage,
+                 "The stage its messages say it is (that of the server under attack: a server "
+                 "refuses a client of another stage at once)")
+      ->check(CLI::Range(1, 7));
   if (int rc = ParseCommandLine(app, argc, argv); rc >= 0) return rc;
   return RunProgram("hostile_peer", [&]() -> int {
+    wire::SetOwnStage(stage);
     setvbuf(stdout, nullptr, _IOLBF, 0);
     const std::vector<uint8_t> server = FromHex(options.peer);
     Clock::time_point deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
@@ -518,6 +524,25 @@ int main(int argc, char** argv) {
                   static_cast<unsigned long long>(count));
       std::fflush(stdout);
       kill(getpid(), SIGKILL);
+    }
+    if (what == "connect-version") {
+      // A CONNECT of the next wire version, as a client of a later release sends: the server
+      // refuses it by name, from the fields every version keeps in place.
+      auto p = Open(options, server, true);
+      std::vector<uint8_t> bytes = wire::Encode(ConnectOf(*p, 1 << 20), p->nonce);
+      const uint16_t next = wire::kVersion + 1;
+      std::memcpy(bytes.data() + offsetof(wire::Header, version), &next, sizeof(next));
+      const Clock::time_point setup = SetupDeadline(deadline);
+      common::ConnectRepeat again;
+      while (p->received == 0 && Clock::now() < setup) {
+        if (again.Due() && !Send(*p, bytes, setup)) throw Error(p->last_error);
+        Poll(*p);
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+      }
+      std::printf("connect-version: sent a CONNECT of wire version %u; %zu answers%s%s\n",
+                  unsigned{next}, p->received,
+                  p->last_text.empty() ? "" : ", the last: ", p->last_text.c_str());
+      Leave(0);
     }
     if (what == "connect-die" || what == "connect-exit") {
       // A CONNECT, then gone at once, before any answer: dead (SIGKILL), or closing its

@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <cstddef>
 #include <cstring>
 #include <set>
 
@@ -174,7 +175,7 @@ TEST(Protocol, HeaderFieldsAreChecked) {
   ExpectRejected(bad, "wrong magic");
   bad = good;
   Poke<uint16_t>(bad, 4, 1);
-  ExpectRejected(bad, "unsupported version 1");
+  ExpectRejected(bad, "wire version 1 (this program speaks 3)");
   bad = good;
   Poke<uint16_t>(bad, 6, 99);
   ExpectRejected(bad, "unknown message type 99");
@@ -187,35 +188,41 @@ TEST(Protocol, HeaderFieldsAreChecked) {
 }
 
 TEST(Protocol, ConnectFieldsAreChecked) {
+  // Header, stage, reply address (length, bytes), lane count, then each lane: address length,
+  // address, region (address, length, key); the engine settings last.
   const auto good = Encode(SampleConnect());
+  const size_t lanes = sizeof(Header) + 4 + 4 + SampleConnect().reply.size();
+  const size_t first = lanes + 4, region = first + 4 + 4;
   auto bad = good;
-  Poke<uint32_t>(bad, 16, 0);
+  Poke<uint32_t>(bad, sizeof(Header) + 4, kMaxAddressBytes + 1);
+  ExpectRejected(bad, "reply address length 257 is over the limit 256");
+  bad = good;
+  Poke<uint32_t>(bad, lanes, 0);
   ExpectRejected(bad, "lane count 0");
   bad = good;
-  Poke<uint32_t>(bad, 16, kMaxLanes + 1);
+  Poke<uint32_t>(bad, lanes, kMaxLanes + 1);
   ExpectRejected(bad, "lane count 65 is over the limit 64");
   bad = good;
-  Poke<uint32_t>(bad, 20, 0);  // first lane's address length
+  Poke<uint32_t>(bad, first, 0);  // first lane's address length
   ExpectRejected(bad, "address length 0");
   bad = good;
-  Poke<uint32_t>(bad, 20, kMaxAddressBytes + 1);
+  Poke<uint32_t>(bad, first, kMaxAddressBytes + 1);
   ExpectRejected(bad, "address length 257 is over the limit 256");
   bad = good;
-  Poke<uint64_t>(bad, 28 + 8, 0);  // first region's length
+  Poke<uint64_t>(bad, region + 8, 0);  // first region's length
   ExpectRejected(bad, "region length 0");
   bad = good;
-  Poke<uint64_t>(bad, 28 + 8, kMaxRegionBytes + 1);
+  Poke<uint64_t>(bad, region + 8, kMaxRegionBytes + 1);
   ExpectRejected(bad, "region length");
   bad = good;
-  Poke<uint64_t>(bad, 28, UINT64_MAX - 10);  // address + length wraps around
+  Poke<uint64_t>(bad, region, UINT64_MAX - 10);  // address + length wraps around
   ExpectRejected(bad, "overflows");
   bad = good;
   bad.resize(bad.size() - 1);
   Poke<uint32_t>(bad, 8, static_cast<uint32_t>(bad.size()));
   ExpectRejected(bad, "message ends inside field");
-  // The engine settings come last but for the reply address: flags, threads, batch, window,
-  // doorbell, reserved, memory.
-  const size_t engine = good.size() - 4 - SampleConnect().reply.size() - sizeof(Engine);
+  // flags, threads, batch, window, doorbell, reserved, memory
+  const size_t engine = good.size() - sizeof(Engine);
   bad = good;
   Poke<uint32_t>(bad, engine, 1u << 9);
   ExpectRejected(bad, "unknown engine flags 512");
@@ -234,9 +241,84 @@ TEST(Protocol, ConnectFieldsAreChecked) {
   bad = good;
   Poke<uint64_t>(bad, engine + 24, kMaxRegionBytes + 1);
   ExpectRejected(bad, "engine memory");
-  bad = good;
-  Poke<uint32_t>(bad, engine + sizeof(Engine), kMaxAddressBytes + 1);
-  ExpectRejected(bad, "reply address length 257 is over the limit 256");
+}
+
+// The stage travels in CONNECT, ACCEPT and ERROR; a program's own is its name's number.
+TEST(Protocol, MessagesSayTheirStage) {
+  EXPECT_EQ(StageOfProgram("05_queuing"), 5u);
+  EXPECT_EQ(StageOfProgram("07_full_p5"), 7u);
+  EXPECT_EQ(StageOfProgram("hostile_peer"), 0u);
+  EXPECT_EQ(StageOfProgram("5_x"), 0u);
+  EXPECT_EQ(StageName(3), "03_gpudirect_write");
+  EXPECT_EQ(StageName(9), "stage 9");
+  const uint32_t own = OwnStage();
+  SetOwnStage(5);
+  Connect c = SampleConnect();
+  EXPECT_EQ(c.stage, 5u);
+  c.stage = 7;
+  EXPECT_EQ(std::get<Connect>(Decode(Encode(c))).stage, 7u);
+  EXPECT_EQ(std::get<Accept>(Decode(Encode(Accept{{}, 0, 1}))).stage, 5u);
+  ErrorReply e{0, "no"};
+  e.stage = 2;
+  EXPECT_EQ(std::get<ErrorReply>(Decode(Encode(e))).stage, 2u);
+  SetOwnStage(own);
+}
+
+// A client reads its server's answer for what it says of the server: of its own stage and
+// version, nothing to say; else one line naming both.
+TEST(Protocol, AMismatchedServerIsNamed) {
+  const uint32_t own = OwnStage();
+  SetOwnStage(7);
+  EXPECT_EQ(Mismatch(Accept{{}, 0, 1}), "");
+  EXPECT_EQ(Mismatch(ErrorReply{1, "server full"}), "");
+  EXPECT_EQ(Mismatch(Done{}), "");
+  Accept a{{}, 0, 1};
+  a.stage = 5;
+  EXPECT_EQ(Mismatch(a),
+            "the server is 05_queuing and this client 07_full_p5: a client is served by a server "
+            "of its own stage");
+  ErrorReply e{0, "05_queuing serves clients of its own stage"};
+  e.stage = 5;
+  EXPECT_NE(Mismatch(e).find("the server is 05_queuing and this client 07_full_p5"),
+            std::string::npos);
+  SetOwnStage(own);
+}
+
+// From kFirstStableVersion on, an ERROR reads the same in every version, and a CONNECT's first
+// fields too: a server of another version answers by name, and its client reads why.
+TEST(Protocol, AnotherVersionIsReadWhereItKeepsItsPlace) {
+  const uint32_t own = OwnStage();
+  SetOwnStage(7);
+  auto error = Encode(ErrorReply{0, "07_full_p5 speaks wire version 4"}, 9);
+  Poke<uint16_t>(error, offsetof(Header, version), kVersion + 1);
+  uint32_t token = 0;
+  auto e = std::get<ErrorReply>(Decode(error, &token));
+  EXPECT_EQ(token, 9u);
+  EXPECT_EQ(e.version, kVersion + 1);
+  EXPECT_EQ(Mismatch(e),
+            "the server speaks wire version 4 and 07_full_p5 version 3: run a client and a server "
+            "of one release (it said: 07_full_p5 speaks wire version 4)");
+  auto accept = Encode(Accept{{}, 0, 1});
+  Poke<uint16_t>(accept, offsetof(Header, version), kVersion + 1);
+  ExpectRejected(accept, "wire version 4 (this program speaks 3)");  // only ERROR is stable
+
+  Connect c = SampleConnect();
+  auto connect = Encode(c, 77);
+  EXPECT_EQ(PeekForeignConnect(connect), std::nullopt);  // our own version: Decode reads it
+  Poke<uint16_t>(connect, offsetof(Header, version), kVersion + 1);
+  auto foreign = PeekForeignConnect(connect);
+  ASSERT_TRUE(foreign.has_value());
+  EXPECT_EQ(foreign->version, kVersion + 1);
+  EXPECT_EQ(foreign->token, 77u);
+  EXPECT_EQ(foreign->stage, 7u);
+  EXPECT_EQ(foreign->reply, c.reply);
+  c.reply.clear();  // 03-06: the first lane's address is where answers go
+  connect = Encode(c);
+  Poke<uint16_t>(connect, offsetof(Header, version), kVersion + 1);
+  EXPECT_EQ(PeekForeignConnect(connect)->reply, c.lanes[0].address);
+  Poke<uint16_t>(connect, offsetof(Header, version), 2);  // before the stable layout
+  EXPECT_EQ(PeekForeignConnect(connect), std::nullopt);
+  SetOwnStage(own);
 }
 
 TEST(Protocol, TransferFieldsAreChecked) {
