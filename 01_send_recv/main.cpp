@@ -214,7 +214,7 @@ int ServerMain(const Options& options) {
   // A message longer than our buffers arrives as a truncation error: say so, and keep the
   // receive posted. Whatever a peer sends, the server keeps serving.
   auto on_error = [&](Op* op, const std::string& error) {
-    std::printf("dropped a message: %s\n", error.c_str());
+    Diagnostic("dropped a message: %s\n", error.c_str());
     std::fflush(stdout);
     if (op != nullptr) net.PostRecv(*op);
   };

@@ -205,7 +205,7 @@ int ServerMain(const Options& options) {
   // A failure concerns one message or one peer: say so, and keep serving.
   auto on_error = [&](Op* op, const CompletionError& error) {
     if (op->kind == OpKind::kRecv) {  // too long for our buffer, or cut off
-      std::printf("dropped a message: %s\n", error.text.c_str());
+      Diagnostic("dropped a message: %s\n", error.text.c_str());
       net.PostRecv(*op);
     } else {
       std::printf("client %llu: a SEND failed: %s\n", static_cast<unsigned long long>(op->peer),
@@ -233,7 +233,7 @@ int ServerMain(const Options& options) {
       try {
         message = wire::Decode(m.bytes, &token);  // every field checked before we act
       } catch (const wire::ProtocolError& e) {
-        std::printf("dropped a message: %s\n", e.what());
+        Diagnostic("dropped a message: %s\n", e.what());
         continue;
       }
       if (auto* connect = std::get_if<wire::Connect>(&message)) {
@@ -241,7 +241,7 @@ int ServerMain(const Options& options) {
         try {
           client = net.AddPeerAddress(connect->lanes[0].address);
         } catch (const Error& e) {
-          std::printf("dropped a CONNECT: %s\n", e.what());
+          Diagnostic("dropped a CONNECT: %s\n", e.what());
           continue;
         }
         std::printf("client %llu connected\n", static_cast<unsigned long long>(client));
@@ -250,7 +250,7 @@ int ServerMain(const Options& options) {
         mail.Seal(client, token);  // our answers carry the client's own token back
         mail.Send(client, wire::Accept{{}, 0, wire::NewToken()});
       } else if (m.source == FI_ADDR_NOTAVAIL) {
-        std::printf("dropped a message from a client that did not CONNECT\n");
+        Diagnostic("dropped a message from a client that did not CONNECT\n");
       } else if (auto* text = std::get_if<wire::Text>(&message)) {
         std::printf("client %llu: %s\n", name, text->text.c_str());
         mail.Send(m.source, wire::Reply{{text->text.rbegin(), text->text.rend()}});

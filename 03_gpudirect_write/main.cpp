@@ -378,9 +378,9 @@ int ServerMain(const Options& options) {
   // A failed operation concerns one peer: the desk drops that peer and we carry on.
   auto on_error = [&](Op* op, const CompletionError& error) {
     if (op == nullptr) {
-      std::printf("a peer's operation on our memory failed: %s\n", error.text.c_str());
+      Diagnostic("a peer's operation on our memory failed: %s\n", error.text.c_str());
     } else if (op->kind == OpKind::kRecv) {  // too long for our buffer, or cut off
-      std::printf("dropped a message: %s\n", error.text.c_str());
+      Diagnostic("dropped a message: %s\n", error.text.c_str());
       net.PostRecv(*op);
     } else {
       if (op->kind == OpKind::kSend) mail.Sent(op);
@@ -542,11 +542,9 @@ int ClientMain(const Options& options) {
   std::span<uint8_t> view = region.HostView();
   if (options.test_corrupt) view[request.pages[0] * request.page_size + 1] ^= 0x5a;
   const uint64_t verified = VerifyPages(view, request.pages, request.page_size, request.seed);
-  std::printf("received %llu WRITEs (%llu bytes) in %.3f s (server: %.3f s); verified %llu bytes\n",
-              static_cast<unsigned long long>(arrived),
-              static_cast<unsigned long long>(arrived * request.page_size), seconds,
-              static_cast<double>(done->last_completion_ns - done->first_post_ns) / 1e9,
-              static_cast<unsigned long long>(verified));
+  PrintReceived(arrived, arrived * request.page_size, seconds,
+                static_cast<double>(done->last_completion_ns - done->first_post_ns) / 1e9,
+                verified);
   if (from_server.ignored() > 0) std::printf("%s\n", from_server.Describe().c_str());
   return kExitOk;
 }

@@ -579,9 +579,9 @@ int ServerMain(const Options& options) {
   // A failed operation concerns one peer: the desk drops that peer and we carry on.
   auto on_error = [&](Op* op, const CompletionError& error) {
     if (op == nullptr) {
-      std::printf("a peer's operation on our memory failed: %s\n", error.text.c_str());
+      Diagnostic("a peer's operation on our memory failed: %s\n", error.text.c_str());
     } else if (op->kind == OpKind::kRecv) {  // too long for our buffer, or cut off
-      std::printf("dropped a message: %s\n", error.text.c_str());
+      Diagnostic("dropped a message: %s\n", error.text.c_str());
       net.PostRecv(*op);
     } else {
       desk.Lost(op->kind == OpKind::kWrite ? op->request->client : op->peer, error.text);

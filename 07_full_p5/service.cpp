@@ -198,9 +198,9 @@ void Service::OnCompletion(const fi_cq_data_entry& done, fi_addr_t source) {
 void Service::OnFailure(const CompletionError& error) {
   ControlOp* op = reinterpret_cast<ControlOp*>(error.op_context);
   if (op == nullptr) {
-    std::printf("a peer's operation failed: %s\n", error.text.c_str());
+    Diagnostic("a peer's operation failed: %s\n", error.text.c_str());
   } else if (op->receive) {  // too long for our buffers, or cut off
-    std::printf("dropped a message: %s\n", error.text.c_str());
+    Diagnostic("dropped a message: %s\n", error.text.c_str());
     net_.PostRecv(*op);
   } else {
     desk_.Lost(op->peer, error.text);
@@ -237,7 +237,7 @@ bool Service::PollSessions() {
       desk_.Seen(id);  // its silence counts from the end of its request
     }
     for (const std::string& stall : report.stalls)
-      std::printf("client %llu: %s\n", number, stall.c_str());
+      Diagnostic("client %llu: %s\n", number, stall.c_str());
     // While requests are open, a WRITE that completed is a sign of life too (the desk counts
     // only messages for a client with none open).
     const auto last_sign = std::max(client->last_seen, report.last_completion);

@@ -1,4 +1,5 @@
 #include "address.hpp"
+#include "report.hpp"
 
 #include "error.hpp"
 #include "oob.hpp"
@@ -195,10 +196,11 @@ static void WriteAtomically(const std::string& text, const std::string& path) {
 void PublishAddress(std::span<const uint8_t> address, const Options& options) {
   const std::string hex = ToHex(address);
   if (options.oob_port != 0) ServeAddressOnPort(hex, options.oob_port);  // exit 2 before "addr:"
-  std::printf("addr: %s\n", hex.c_str());
+  FILE* out = EssentialOut();  // printed at every output level: the user needs it
+  std::fprintf(out, "addr: %s\n", hex.c_str());
   if (options.oob_port != 0)
-    std::printf("oob: the address is given on TCP port %u\n", options.oob_port);
-  std::fflush(stdout);
+    std::fprintf(out, "oob: the address is given on TCP port %u\n", options.oob_port);
+  std::fflush(out);
   if (!options.address_file.empty()) WriteAtomically(hex, options.address_file);
 }
 

@@ -50,19 +50,16 @@ class Departures {
       throw Error("shm: our own address did not take fi_addr_t 0 in a new AV");
     if (park_)
       std::printf(
-          "warning: libfabric %u.%u's shm ends this server if a local process sends to it and "
-          "exits before its first message is read (README.md, \"When the provider cannot go "
-          "on\")\n",
+          "note: shm %u.%u ends this server if a sender exits unread (README.md, \"When the "
+          "provider cannot go on\")\n",
           FI_MAJOR(fi_version()), FI_MINOR(fi_version()));
     // 2.6 (measured: tests/provider/shm_faults strangers; 1.17 holds): every process that
     // writes to an endpoint takes one of its 256 peer places, given back only by fi_av_remove
     // of an address the server inserted; a stranger's is never given back.
     if (std::strcmp(info.fabric_attr->prov_name, "shm") == 0 && fi_version() >= FI_VERSION(2, 6))
       std::printf(
-          "warning: libfabric %u.%u's shm keeps one of this server's 256 peer places for good "
-          "for each local process that writes to it unanswered; past 256 such strangers it "
-          "gives a client's place away and that client's messages go astray; to face "
-          "untrusted local processes, serve over tcp or restart this server now and then\n",
+          "note: shm %u.%u gives clients' places away past 256 strangers (README.md, \"When "
+          "the provider cannot go on\")\n",
           FI_MAJOR(fi_version()), FI_MINOR(fi_version()));
   }
 

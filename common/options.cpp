@@ -188,6 +188,10 @@ static void AddServeOptions(CLI::App& app, Options& o) {
              "a client to take its messages");
 }
 static void AddTransferOptions(CLI::App& app, Options& o) {
+  app.add_flag_function(
+         "-q,--quiet", [&o](int64_t) { o.output_level = -1; },
+         "Print only the summary and errors (a server: its address and errors)")
+      ->excludes("--verbose");
   AddSize(app, "--client-memory", &o.client_memory,
           "Server: source memory a client's requests may hold at once; more is refused", "SIZE",
           Range{1, kTiB});
@@ -322,6 +326,9 @@ void AddOptions(CLI::App& app, Options& o, unsigned groups) {
   app.set_help_flag("-h,--help", "Print this help and exit");
   app.add_option("address", o.peer,
                  "Server address (the hex after 'addr:'); without it this program is the server");
+  app.add_flag_function(
+      "-v,--verbose", [&o](int64_t) { o.output_level = 1; },
+      "Print diagnostics too: dropped messages, unanswered CONNECTs, stalled threads");
   if (groups & kTextOptions) AddTextOptions(app, o);
   if (groups & kServeOptions) AddServeOptions(app, o);
   if (groups & kTransferOptions) AddTransferOptions(app, o);
@@ -419,6 +426,7 @@ int ParseCommandLine(int argc, char** argv, const char* about, const char* progr
   if (int rc = TakeOobAddress(program, app.count("--timeout") > 0, options); rc >= 0) return rc;
   if (!options.peer.empty()) SetStuckSeconds(std::max(kStuckSeconds, options.timeout_s));
   if (options.json) RecordsOnStdout();
+  SetOutputLevel(options.output_level);
   return -1;
 }
 

@@ -47,6 +47,7 @@ struct Options {
   uint64_t repeat = 1;
   uint64_t seed = 1;
   bool json = false;
+  int output_level = 0;  // -q: -1, -v: 1 (common/report.hpp, SetOutputLevel)
   uint64_t window = 64;
   uint64_t requests = 4;                // TRANSFER requests in flight per client (04 onward)
   uint64_t max_requests = 64;           // server: requests in flight per client, at most

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <chrono>
 #include <csignal>
+#include <cstdarg>
 #include <cstdio>
 #include <exception>
 #include <string>
@@ -49,6 +50,21 @@ void InstallStopHandlers(const char* program) {
     [[maybe_unused]] ssize_t n = write(STDERR_FILENO, line.data(), line.size());
     _exit(kExitFailure);
   }).detach();
+}
+
+static std::atomic<bool> verbose{false};
+void SetVerbose(bool on) {
+  verbose.store(on);
+}
+bool Verbose() {
+  return verbose.load();
+}
+void Diagnostic(const char* format, ...) {
+  if (!verbose.load()) return;
+  va_list args;
+  va_start(args, format);
+  std::vprintf(format, args);
+  va_end(args);
 }
 
 bool StopRequested() {

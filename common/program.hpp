@@ -13,6 +13,13 @@ int RunProgram(const char* name, const std::function<int()>& body);
 // The NAME RunProgram was given ("program" before): the lines said for it carry it.
 const char* ProgramName();
 
+// -v: diagnostics are printed (dropped messages, unanswered CONNECTs, stalled threads); a
+// normal run prints nothing that reads like a failure where nothing failed.
+void SetVerbose(bool verbose);
+bool Verbose();
+// A diagnostic line, printf-style: printed with -v only.
+void Diagnostic(const char* format, ...) __attribute__((format(printf, 1, 2)));
+
 // After this, SIGINT and SIGTERM only set a flag that StopRequested() returns, so loops
 // end cleanly and every handle is closed; if the program is still running
 // kStopGraceSeconds later (stuck inside a provider call), it exits with one line and code 1.

@@ -38,6 +38,7 @@
 #include "options.hpp"
 #include "program.hpp"
 #include "protocol.hpp"
+#include "report.hpp"
 
 namespace common {
 
@@ -234,19 +235,19 @@ class Reception {
       else if (genuine)
         Refuse(m.source, 0, e.what());
       else
-        std::printf("dropped a message: %s\n", e.what());
+        Diagnostic("dropped a message: %s\n", e.what());
       return std::nullopt;
     }
     if (genuine) c->last_seen = Clock::now();
     if (wire::IsServerMessage(message)) {  // answering one could start an endless exchange
-      std::printf("dropped a server's message from %s: a server never answers one\n",
-                  c ? ("client " + std::to_string(Name(c->number))).c_str() : "a stranger");
+      Diagnostic("dropped a server's message from %s: a server never answers one\n",
+                 c ? ("client " + std::to_string(Name(c->number))).c_str() : "a stranger");
     } else if (auto* connect = std::get_if<wire::Connect>(&message)) {
       Connect(*connect, m.source, token);
     } else if (c == nullptr) {
-      std::printf("dropped a message from a sender that did not CONNECT\n");
+      Diagnostic("dropped a message from a sender that did not CONNECT\n");
     } else if (!genuine) {
-      std::printf("dropped a message for client %llu without its session token\n", Name(c->number));
+      Diagnostic("dropped a message for client %llu without its session token\n", Name(c->number));
     } else if (auto* transfer = std::get_if<wire::Transfer>(&message)) {
       try {
         for (const auto& region : c->regions) wire::ValidateTransfer(*transfer, region);
@@ -269,14 +270,14 @@ class Reception {
     const auto& given = connect.reply.empty() ? connect.lanes[0].address : connect.reply;
     std::vector<uint8_t> reply = CanonicalAddress(given, format_);
     if (reply == CanonicalAddress(own_, format_)) {
-      std::printf("dropped a CONNECT that names this server's own address\n");
+      Diagnostic("dropped a CONNECT that names this server's own address\n");
       return;
     }
     fi_addr_t id = FI_ADDR_UNSPEC;
     try {
       id = departures_.Insert(given, [&](const auto& a) { return net_.AddPeerAddress(a); });
     } catch (const Error& e) {
-      std::printf("dropped a CONNECT: %s\n", e.what());
+      Diagnostic("dropped a CONNECT: %s\n", e.what());
       return;
     }
     if (!SpokeFromThere(id, source)) return;
@@ -286,7 +287,7 @@ class Reception {
     // Whoever names a connected client's address cannot be answered without answering that
     // client (its address reused while its session lasts): dropped until that one ends.
     if (clients_.count(id)) {
-      std::printf(
+      Diagnostic(
           "dropped a CONNECT from client %llu: it names the address of a connected "
           "client\n",
           Name(number));
@@ -324,7 +325,7 @@ class Reception {
     try {
       id = departures_.Insert(c.reply, [&](const auto& a) { return net_.AddPeerAddress(a); });
     } catch (const Error& e) {
-      std::printf("dropped a CONNECT of wire version %u: %s\n", unsigned{c.version}, e.what());
+      Diagnostic("dropped a CONNECT of wire version %u: %s\n", unsigned{c.version}, e.what());
       return;
     }
     if (!SpokeFromThere(id, source) || clients_.count(id)) return;
@@ -342,7 +343,7 @@ class Reception {
   bool SpokeFromThere(fi_addr_t id, fi_addr_t source) {
     if (source == id) return true;
     if (clients_.count(source))  // a client's first CONNECT comes from no client of ours:
-      std::printf(               // said only when a connected client names another address
+      Diagnostic(                // said only when a connected client names another address
           "a CONNECT not from the address it names: answered once one comes from there\n");
     if (!clients_.count(id) && !departed_.count(id)) departed_[id] = {{id}, Clock::now()};
     for (fi_addr_t old : departures_.Unverified(id))  // the oldest leave the AV now
@@ -365,7 +366,7 @@ class Reception {
         for (size_t k = 0; k < lanes.size(); ++k) {
           if (lanes[k] != other.lanes[l]) continue;
           if (!told)
-            std::printf(
+            Diagnostic(
                 "client %llu: its CONNECT waits: its lane %zu is lane %zu of client %llu, whose "
                 "session has not ended (a client's lanes, regions and keys are its own)\n",
                 Name(number), k, l, Name(other.number));

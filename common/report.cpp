@@ -1,5 +1,8 @@
 #include "report.hpp"
 
+#include "program.hpp"
+
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -170,20 +173,52 @@ std::string ClockProblem(const Summary& s, double wall_seconds) {
 }
 
 namespace {
-FILE* records = nullptr;  // --json: the real stdout, for records only (RecordsOnStdout)
-}  // namespace
+FILE* records = nullptr;  // --json, -q: the real stdout, for records and the summary
+bool records_json = false;
 
-void RecordsOnStdout() {
-  if (records != nullptr) return;
+// Keeps the real stdout as `records` and points fd 1 at `to`: what any code prints to stdout
+// then goes there.
+void KeepStdout(int to) {
+  if (records != nullptr || to < 0) return;
   std::fflush(stdout);
   const int fd = dup(STDOUT_FILENO);
   if (fd < 0 || (records = fdopen(fd, "w")) == nullptr) return;  // then both share stdout
-  dup2(STDERR_FILENO, STDOUT_FILENO);
+  dup2(to, STDOUT_FILENO);
+}
+}  // namespace
+
+void RecordsOnStdout() {
+  records_json = true;
+  KeepStdout(STDERR_FILENO);
+}
+
+void SetOutputLevel(int level) {
+  SetVerbose(level > 0);
+  if (level >= 0) return;
+  const int null = open("/dev/null", O_WRONLY | O_CLOEXEC);
+  KeepStdout(records_json ? -1 : null);  // with --json, fd 1 already goes to stderr
+  if (records_json && null >= 0) dup2(null, STDOUT_FILENO);
+  if (null >= 0) close(null);
+}
+
+FILE* EssentialOut() {
+  if (records_json) return stderr;
+  return records != nullptr ? records : stdout;
 }
 
 void PrintSummary(const Summary& s, bool json) {
-  FILE* out = json && records != nullptr ? records : stdout;
+  FILE* out = records != nullptr ? records : stdout;
   std::fprintf(out, "%s\n", FormatSummary(s, json).c_str());
+  std::fflush(out);
+}
+
+void PrintReceived(uint64_t writes, uint64_t bytes, double seconds, double server_seconds,
+                   uint64_t verified) {
+  FILE* out = records != nullptr ? records : stdout;
+  std::fprintf(
+      out, "received %llu WRITEs (%llu bytes) in %.3f s (server: %.3f s); verified %llu bytes\n",
+      static_cast<unsigned long long>(writes), static_cast<unsigned long long>(bytes), seconds,
+      server_seconds, static_cast<unsigned long long>(verified));
   std::fflush(out);
 }
 

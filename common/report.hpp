@@ -3,6 +3,8 @@
 
 #include <time.h>
 
+#include <cstdio>
+
 #include <chrono>
 #include <cstdint>
 #include <string>
@@ -80,9 +82,21 @@ double Gbps(uint64_t bytes, double seconds);
 // "summary: ..." on one line, or the same figures as one JSON object.
 std::string FormatSummary(const Summary& s, bool json);
 void PrintSummary(const Summary& s, bool json);
+// 03's summary: "received N WRITEs (B bytes) in S s (server: T s); verified V bytes", printed
+// at every output level (-q too), as PrintSummary's is.
+void PrintReceived(uint64_t writes, uint64_t bytes, double seconds, double server_seconds,
+                   uint64_t verified);
 // --json: stdout holds the JSON records only (PrintSummary's), one a line, for jq and
 // scripts; every line for people, printed to stdout by whatever code, goes to stderr.
 void RecordsOnStdout();
+
+// Output levels. Normal: the header, progress and the summary. -q (quiet, -1): the summary
+// and errors only (a server: its address and errors); every other line printed to stdout goes
+// nowhere. -v (verbose, 1): diagnostics too (program.hpp, Diagnostic).
+void SetOutputLevel(int level);
+// Where a line goes that the user needs at every level (a server's address): stdout, or
+// under -q the real stdout, under --json stderr.
+FILE* EssentialOut();
 
 // "progress: 4.0 s, 45.1% done, 1847 ops, 121.0 MB, 3.918 Gbps (98.0% of link), 0.0075 Mpps"
 // (no "% of link" when link_gbps is 0).

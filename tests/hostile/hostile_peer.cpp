@@ -287,10 +287,14 @@ std::vector<std::pair<std::string, std::vector<uint8_t>>> Malformed(const Peer& 
   with("unknown type", bye, 6, uint16_t{77});
   with("length too long", connect, 8, uint32_t{100000});
   with("length too short", connect, 8, uint32_t{16});
-  with("zero lanes", connect, 16, uint32_t{0});
-  with("too many lanes", connect, 16, uint32_t{1000});
-  with("zero address length", connect, 20, uint32_t{0});
-  with("huge address length", connect, 20, uint32_t{1u << 30});
+  // A CONNECT: header, stage (16), reply address length (20; 0 here), lane count (24), first
+  // lane's address length (28).
+  with("another stage", connect, 16, uint32_t{99});
+  with("huge reply address length", connect, 20, uint32_t{1u << 30});
+  with("zero lanes", connect, 24, uint32_t{0});
+  with("too many lanes", connect, 24, uint32_t{1000});
+  with("zero address length", connect, 28, uint32_t{0});
+  with("huge address length", connect, 28, uint32_t{1u << 30});
   all.emplace_back("connect cut short", std::vector<uint8_t>(connect.begin(), connect.end() - 8));
   {
     auto b = connect;

@@ -206,7 +206,8 @@ std::vector<std::string> ProviderArgs(const std::string& provider) {
 StageServer::StageServer(const std::string& stage, const std::string& provider, int exit_after,
                          std::vector<std::string> extra) {
   const std::string address_file = dir_.path() + "/addr";
-  std::vector<std::string> argv = {StageBinary(stage), "--address-file", address_file};
+  // -v: a test reads what its server dropped and where a thread stalled (diagnostics).
+  std::vector<std::string> argv = {StageBinary(stage), "--address-file", address_file, "-v"};
   if (exit_after > 0) {
     argv.push_back("--exit-after");
     argv.push_back(std::to_string(exit_after));
