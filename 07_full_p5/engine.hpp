@@ -336,6 +336,7 @@ struct Peer : service::Session {
   Report Poll() override;
   Leaving Leave() override;
   std::string Totals() const override;
+  void AddTotals(JsonRecord& record) const override;
   void Fail(const std::string& why);
 
   Engine* engine = nullptr;

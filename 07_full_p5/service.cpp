@@ -51,6 +51,7 @@ std::string Seconds(double s) {
 // may still touch it). Nothing waits here: the other clients are served meanwhile.
 class Leavers {
  public:
+  explicit Leavers(bool json) : json_(json) {}
   void Start(uint64_t number, std::string how, std::unique_ptr<Session> session) {
     session->Leave();
     going_.push_back({number, std::move(how), std::move(session)});
@@ -62,6 +63,11 @@ class Leavers {
       std::printf("client %llu %s: %s; control thread %.3f s since the server started\n",
                   static_cast<unsigned long long>(g.number), g.how.c_str(),
                   g.session->Totals().c_str(), ThreadCpuSeconds());
+      if (json_) {  // --json: the same, as a record (docs/record.schema.json)
+        JsonRecord record = SessionRecord(g.number, g.how);
+        g.session->AddTotals(record);
+        PrintRecord(record);
+      }
       if (state == Session::Leaving::kStuck) {
         std::printf("client %llu: WRITEs of its are still in the provider: its entry is kept\n",
                     static_cast<unsigned long long>(g.number));
@@ -81,6 +87,7 @@ class Leavers {
   }
 
  private:
+  bool json_;
   struct Entry {
     uint64_t number = 0;
     std::string how;
@@ -115,7 +122,7 @@ class Service {
   const Clock::duration limit_, peer_timeout_;  // --timeout, --peer-timeout
   Mail mail_;
   std::map<fi_addr_t, Client> clients_;  // sessions, by control address
-  Leavers leavers_;                      // sessions leaving the engine
+  Leavers leavers_{options_.json};       // sessions leaving the engine
   Desk desk_;
   ControlNap nap_;
 };

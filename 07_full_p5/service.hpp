@@ -17,6 +17,7 @@
 
 #include "options.hpp"
 #include "protocol.hpp"
+#include "report.hpp"
 
 namespace service {
 
@@ -50,8 +51,10 @@ class Session {
   // never complete), and the session must then never be freed.
   enum class Leaving { kUnderway, kDone, kStuck };
   virtual Leaving Leave() = 0;
-  // The session's totals for the server's last line about it ("131104 WRITEs, ... bytes").
+  // The session's totals for the server's last line about it ("131104 WRITEs, ... bytes"), and
+  // as a --json session record's fields (docs/record.schema.json: writes, bytes, engine).
   virtual std::string Totals() const = 0;
+  virtual void AddTotals(common::JsonRecord& record) const = 0;
 };
 
 // Opens sessions: the engine.

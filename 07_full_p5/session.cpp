@@ -305,47 +305,71 @@ service::Session::Leaving Peer::Leave() {
   stuck = true;
   return Leaving::kStuck;
 }
-// The totals, and what each rung did for this client, as its threads counted it.
-std::string Peer::Totals() const {
-  uint64_t writes = shared.writes, bytes = shared.bytes, most_prepared = 0, posts = 0,
-           doorbells = 0, in_poll = 0, moves = 0, completions = 0;
+// What each rung did for this client, as its threads counted it (those that let it go).
+struct Tally {
+  uint64_t writes = 0, bytes = 0, most_prepared = 0, posts = 0, doorbells = 0, in_poll = 0,
+           moves = 0, completions = 0;
   std::string placement;
   double cpu = 0;
-  size_t still = 0;
-  for (const auto& s : slots) {
+  size_t still = 0;  // threads that still hold WRITEs of its
+  double PerDoorbell() const { return doorbells ? double(posts) / double(doorbells) : 0.0; }
+  double PerCompletion() const { return completions ? double(posts) / double(completions) : 0.0; }
+  double InPoll() const { return posts ? 100.0 * double(in_poll) / double(posts) : 0.0; }
+};
+static Tally TallyOf(const Peer& peer) {
+  Tally t;
+  t.writes = peer.shared.writes;
+  t.bytes = peer.shared.bytes;
+  for (const auto& s : peer.slots) {
     const PeerSlot& slot = *s;
-    placement += (placement.empty() ? "" : "; ") + slot.worker->placement;
+    t.placement += (t.placement.empty() ? "" : "; ") + slot.worker->placement;
     if (!slot.left.load(std::memory_order_acquire)) {  // its counters are its thread's still
-      ++still;
+      ++t.still;
       continue;
     }
-    writes += slot.writes;
-    bytes += slot.bytes;
-    most_prepared = std::max(most_prepared, slot.most_prepared);
-    posts += slot.posts;
-    doorbells += slot.doorbells;
-    in_poll += slot.posted_in_poll;
-    completions += slot.completions;
-    moves += slot.worker->core_moves.load() - slot.moves_at_join;
-    cpu += std::max(0.0, slot.cpu_at_leave - slot.cpu_at_join);
+    t.writes += slot.writes;
+    t.bytes += slot.bytes;
+    t.most_prepared = std::max(t.most_prepared, slot.most_prepared);
+    t.posts += slot.posts;
+    t.doorbells += slot.doorbells;
+    t.in_poll += slot.posted_in_poll;
+    t.completions += slot.completions;
+    t.moves += slot.worker->core_moves.load() - slot.moves_at_join;
+    t.cpu += std::max(0.0, slot.cpu_at_leave - slot.cpu_at_join);
   }
+  return t;
+}
+void Peer::AddTotals(JsonRecord& record) const {
+  const Tally t = TallyOf(*this);
+  std::string engine = "{\"threads\":" + std::to_string(slots.size());
+  engine += ",\"placement\":" + JsonRecord::Quote(t.placement);
+  engine += ",\"lock_acquisitions\":" + std::to_string(shared.locks);
+  engine += ",\"most_prepared\":" + std::to_string(t.most_prepared);
+  char numbers[160];
+  std::snprintf(numbers, sizeof(numbers),
+                ",\"writes_per_doorbell\":%.2f,\"writes_per_completion\":%.2f,"
+                "\"percent_posted_in_poll\":%.1f,\"core_moves\":%llu,\"cpu_seconds\":%.3f}",
+                t.PerDoorbell(), t.PerCompletion(), t.InPoll(),
+                static_cast<unsigned long long>(t.moves), t.cpu);
+  record.Add("writes", t.writes).Add("bytes", t.bytes).AddRaw("engine", engine + numbers);
+}
+// The totals, and what each rung did for this client, as its threads counted it.
+std::string Peer::Totals() const {
+  const Tally t = TallyOf(*this);
   char line[512];
   std::snprintf(line, sizeof(line),
                 "%llu WRITEs, %llu bytes; engine: %zu threads (%s), %llu lock acquisitions, "
                 "at most %llu WRITEs prepared per visit, %.2f WRITEs per doorbell, %.2f per "
                 "completion, %.0f%% posted from the CQ poll, %llu moves between cores",
-                static_cast<unsigned long long>(writes), static_cast<unsigned long long>(bytes),
-                slots.size(), placement.c_str(), static_cast<unsigned long long>(shared.locks),
-                static_cast<unsigned long long>(most_prepared),
-                doorbells ? static_cast<double>(posts) / static_cast<double>(doorbells) : 0.0,
-                completions ? static_cast<double>(posts) / static_cast<double>(completions) : 0.0,
-                posts ? 100.0 * static_cast<double>(in_poll) / static_cast<double>(posts) : 0.0,
-                static_cast<unsigned long long>(moves));
+                static_cast<unsigned long long>(t.writes), static_cast<unsigned long long>(t.bytes),
+                slots.size(), t.placement.c_str(), static_cast<unsigned long long>(shared.locks),
+                static_cast<unsigned long long>(t.most_prepared), t.PerDoorbell(),
+                t.PerCompletion(), t.InPoll(), static_cast<unsigned long long>(t.moves));
   std::string text = line;
   // The threads serve every client: their CPU while this one was in the engine.
   char cpu_text[128];
   std::snprintf(cpu_text, sizeof(cpu_text), "; CPU: data threads %.3f s while it was connected",
-                cpu);
+                t.cpu);
   text += cpu_text;
   if (std::any_of(slots.begin(), slots.end(), [](const auto& s) {
         return s->left.load(std::memory_order_acquire) && s->entries_kept;
@@ -353,8 +377,8 @@ std::string Peer::Totals() const {
     text +=
         "; its entries stay in the lanes' AVs: no WRITE reached it, and libfabric 1.x's shm "
         "cannot remove a peer it never reached";
-  if (still > 0)  // a thread that has not let it go has not said what it did
-    text += " (and " + std::to_string(still) + " thread" + (still == 1 ? "" : "s") +
+  if (t.still > 0)  // a thread that has not let it go has not said what it did
+    text += " (and " + std::to_string(t.still) + " thread" + (t.still == 1 ? "" : "s") +
             " still holding WRITEs of its in the provider)";
   if (wire && !wire->empty()) {
     uint64_t sent = 0;

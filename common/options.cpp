@@ -427,6 +427,14 @@ int ParseCommandLine(int argc, char** argv, const char* about, const char* progr
   if (!options.peer.empty()) SetStuckSeconds(std::max(kStuckSeconds, options.timeout_s));
   if (options.json) RecordsOnStdout();
   SetOutputLevel(options.output_level);
+  RunContext& run = ThisRun();  // what the records name (report.hpp)
+  run.stage = program;
+  if (groups & kTransferOptions) {
+    run.page_size = options.page_size;
+    run.pages = options.pages;
+    run.repeat = options.repeat;
+  }
+  if (groups & kWindowOptions) run.requests = options.requests;
   return -1;
 }
 

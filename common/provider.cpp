@@ -1,4 +1,5 @@
 #include "provider.hpp"
+#include "report.hpp"
 
 #include <rdma/fi_endpoint.h>
 #include <rdma/fi_errno.h>
@@ -231,6 +232,9 @@ std::vector<FiInfoPtr> SelectDomains(const fi_info& hints, const Options& option
   }
   if (!peer.empty()) CheckAddress(peer, *domains.front());
   if (chosen == "shm") RemoveStaleShmRegions();
+  NoteProvider(
+      domains.front()->fabric_attr->prov_name ? domains.front()->fabric_attr->prov_name : "",
+      domains.front()->fabric_attr->name ? domains.front()->fabric_attr->name : "");
   return domains;
 }
 

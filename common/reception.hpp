@@ -469,10 +469,16 @@ class Reception {
       departed_[client] = {std::move(c->second.addresses), Clock::now()};
       clients_.erase(c);
       hooks_.leaving(client);
-      if (hooks_.said)
+      if (hooks_.said) {
         hooks_.said(number, client, how);
-      else
+      } else {
         std::printf("client %llu %s\n", Name(number), how.c_str());
+        if (options_.json)  // 03-06 count no WRITEs per session, and have no engine
+          PrintRecord(SessionRecord(Name(number), how)
+                          .AddNull("writes")
+                          .AddNull("bytes")
+                          .AddNull("engine"));
+      }
     } else if (!departed_.count(client)) {
       departed_[client] = {{client}, Clock::now()};
     }

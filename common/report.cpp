@@ -38,39 +38,101 @@ static std::string MemoryWords(const std::string& memory) {
   return std::string(vmm ? "GPU VMM" : "GPU") + (direct ? " (direct)" : " (staged)");
 }
 
-// The fields only some runs have: "emulated_write" (efa), "receiver_cq_entries" (07), "nics"
-// (07: per NIC, bytes and wire_bytes), "first_write_seconds", "main_cpu_seconds" and
-// "receiver_cpu_seconds" (07), each where measured.
-static std::string OptionalJson(const Summary& s) {
-  std::string json;
-  if (s.first_write_seconds >= 0) {
-    char text[64];
-    std::snprintf(text, sizeof(text), ",\"first_write_seconds\":%.6f", s.first_write_seconds);
-    json += text;
-  }
-  if (s.started_at > 0) {
-    char text[96];
-    std::snprintf(text, sizeof(text), ",\"started_at\":%.6f,\"ended_at\":%.6f", s.started_at,
-                  s.started_at + s.seconds);
-    json += text;
-  }
-  if (s.emulated_write >= 0)
-    json += std::string(",\"emulated_write\":") + (s.emulated_write ? "true" : "false");
-  if (s.receiver_cq_entries > 0)
-    json += ",\"receiver_cq_entries\":" + std::to_string(s.receiver_cq_entries);
-  if (!s.nics.empty()) {
-    json += ",\"nics\":[";
-    for (size_t i = 0; i < s.nics.size(); ++i)
-      json += std::string(i ? "," : "") + "{\"name\":\"" + JsonText(s.nics[i].name) +
-              "\",\"bytes\":" + std::to_string(s.nics[i].bytes) +
-              ",\"wire_bytes\":" + std::to_string(s.nics[i].wire_bytes) + "}";
-    json += "]";
-  }
-  if (s.main_cpu_seconds < 0) return json;
-  char text[128];
-  std::snprintf(text, sizeof(text), ",\"main_cpu_seconds\":%.6f,\"receiver_cpu_seconds\":%.6f",
-                s.main_cpu_seconds, s.receiver_cpu_seconds);
-  return json + text;
+RunContext& ThisRun() {
+  static RunContext context;
+  return context;
+}
+void NoteProvider(const std::string& provider, const std::string& fabric) {
+  RunContext& run = ThisRun();
+  if (!run.provider.empty()) return;  // the first chosen: the run's
+  run.provider = provider;
+  run.fabric = fabric;
+}
+
+JsonRecord::JsonRecord(const char* record) : text_("{\"record\":\"" + JsonText(record) + "\"") {}
+std::string JsonRecord::Quote(const std::string& text) {
+  return "\"" + JsonText(text) + "\"";
+}
+JsonRecord& JsonRecord::Add(const char* key, double value, int digits) {
+  char number[64];
+  std::snprintf(number, sizeof(number), "%.*f", digits, value);
+  return AddRaw(key, number);
+}
+JsonRecord& JsonRecord::Add(const char* key, uint64_t value) {
+  return AddRaw(key, std::to_string(value));
+}
+JsonRecord& JsonRecord::Add(const char* key, const std::string& value) {
+  return AddRaw(key, "\"" + JsonText(value) + "\"");
+}
+JsonRecord& JsonRecord::AddBool(const char* key, bool value) {
+  return AddRaw(key, value ? "true" : "false");
+}
+JsonRecord& JsonRecord::AddNull(const char* key) {
+  return AddRaw(key, "null");
+}
+JsonRecord& JsonRecord::AddRaw(const char* key, const std::string& json) {
+  text_ += ",\"" + JsonText(key) + "\":" + json;
+  return *this;
+}
+
+// The record of a client's run (docs/record.schema.json): what ran, the figures, and null for
+// what this stage or provider does not measure.
+static std::string SummaryRecord(const Summary& s) {
+  const RunContext& run = ThisRun();
+  const double gbps = Gbps(s.bytes, s.seconds);
+  JsonRecord r("client");
+  auto text_or_null = [&](const char* key, const std::string& v) {
+    v.empty() ? r.AddNull(key) : r.Add(key, v);
+  };
+  auto count_or_null = [&](const char* key, uint64_t v) { v ? r.Add(key, v) : r.AddNull(key); };
+  auto seconds_or_null = [&](const char* key, double v) {
+    v >= 0 ? r.Add(key, v) : r.AddNull(key);
+  };
+  text_or_null("stage", run.stage);
+  text_or_null("provider", run.provider);
+  text_or_null("fabric", run.fabric);
+  r.Add("memory", s.memory).Add("memory_why", s.memory_why);
+  count_or_null("page_size", run.page_size);
+  count_or_null("pages", run.pages);
+  count_or_null("repeat", run.repeat);
+  count_or_null("requests", run.requests);
+  r.Add("lanes", static_cast<uint64_t>(s.lanes));
+  count_or_null("threads", static_cast<uint64_t>(s.receiver_threads));
+  r.Add("runs", uint64_t{1});
+  text_or_null("step", s.step);
+  r.Add("bytes", s.bytes).Add("writes", s.writes).Add("seconds", s.seconds);
+  r.Add("server_seconds", s.server_seconds).Add("gbps", gbps, 3);
+  if (s.link_gbps > 0)
+    r.Add("link_gbps", s.link_gbps, 3).Add("percent_of_link", 100 * gbps / s.link_gbps, 2);
+  else
+    r.AddNull("link_gbps").AddNull("percent_of_link");
+  r.Add("mpps", s.seconds > 0 ? static_cast<double>(s.writes) / s.seconds / 1e6 : 0, 4);
+  r.Add("verified_bytes", s.verified_bytes);
+  seconds_or_null("server_setup_seconds", s.server_setup_seconds);
+  seconds_or_null("server_fill_seconds", s.server_fill_seconds);
+  if (s.registration_seconds >= 0)
+    r.Add("registered_bytes", s.registered_bytes)
+        .Add("registration_seconds", s.registration_seconds);
+  else
+    r.AddNull("registered_bytes").AddNull("registration_seconds");
+  r.Add("ignored_messages", s.ignored_messages);
+  seconds_or_null("first_write_seconds", s.first_write_seconds);
+  if (s.started_at > 0)
+    r.Add("started_at", s.started_at).Add("ended_at", s.started_at + s.seconds);
+  else
+    r.AddNull("started_at").AddNull("ended_at");
+  s.emulated_write >= 0 ? r.AddBool("emulated_write", s.emulated_write)
+                        : r.AddNull("emulated_write");
+  count_or_null("receiver_cq_entries", s.receiver_cq_entries);
+  std::string nics = "[";
+  for (size_t i = 0; i < s.nics.size(); ++i)
+    nics += std::string(i ? "," : "") + "{\"name\":\"" + JsonText(s.nics[i].name) +
+            "\",\"bytes\":" + std::to_string(s.nics[i].bytes) + ",\"wire_bytes\":" +
+            (s.nics[i].wire_bytes < 0 ? "null" : std::to_string(s.nics[i].wire_bytes)) + "}";
+  r.AddRaw("nics", nics + "]");
+  seconds_or_null("main_cpu_seconds", s.main_cpu_seconds);
+  seconds_or_null("receiver_cpu_seconds", s.main_cpu_seconds >= 0 ? s.receiver_cpu_seconds : -1);
+  return r.Text();
 }
 
 std::string FormatSummary(const Summary& s, bool json) {
@@ -79,22 +141,7 @@ std::string FormatSummary(const Summary& s, bool json) {
   const double percent = s.link_gbps > 0 ? 100 * gbps / s.link_gbps : 0;
   char line[1024];
   if (json) {
-    std::snprintf(line, sizeof(line),
-                  "{\"bytes\":%llu,\"writes\":%llu,\"seconds\":%.6f,\"server_seconds\":%.6f,"
-                  "\"gbps\":%.3f,\"link_gbps\":%.3f,\"percent_of_link\":%.2f,\"mpps\":%.4f,"
-                  "\"verified_bytes\":%llu,\"lanes\":%d,\"memory\":\"%s\",\"memory_why\":\"%s\","
-                  "\"server_setup_seconds\":%.6f,\"server_fill_seconds\":%.6f,"
-                  "\"registered_bytes\":%llu,\"registration_seconds\":%.6f,"
-                  "\"ignored_messages\":%llu",
-                  static_cast<unsigned long long>(s.bytes),
-                  static_cast<unsigned long long>(s.writes), s.seconds, s.server_seconds, gbps,
-                  s.link_gbps, percent, mpps, static_cast<unsigned long long>(s.verified_bytes),
-                  s.lanes, s.memory.c_str(), JsonText(s.memory_why).c_str(), s.server_setup_seconds,
-                  s.server_fill_seconds, static_cast<unsigned long long>(s.registered_bytes),
-                  s.registration_seconds, static_cast<unsigned long long>(s.ignored_messages));
-    // What varies in length (a NIC each, the rung's name) is appended, never cut.
-    return std::string(line) + OptionalJson(s) +
-           (s.step.empty() ? "" : ",\"step\":\"" + JsonText(s.step) + "\"") + "}";
+    return SummaryRecord(s);
   } else {
     char link[64] = "link rate unknown: --link-gbps";
     if (s.link_gbps > 0)
@@ -204,6 +251,19 @@ void SetOutputLevel(int level) {
 FILE* EssentialOut() {
   if (records_json) return stderr;
   return records != nullptr ? records : stdout;
+}
+
+JsonRecord SessionRecord(uint64_t client, const std::string& ended) {
+  const RunContext& run = ThisRun();
+  JsonRecord r("session");
+  r.Add("stage", run.stage).Add("provider", run.provider).Add("fabric", run.fabric);
+  return std::move(r.Add("client", client).Add("ended", ended));
+}
+
+void PrintRecord(const JsonRecord& record) {
+  FILE* out = records != nullptr ? records : stdout;
+  std::fprintf(out, "%s\n", record.Text().c_str());
+  std::fflush(out);
 }
 
 void PrintSummary(const Summary& s, bool json) {

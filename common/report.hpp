@@ -25,8 +25,8 @@ struct Summary {
   // last completion after that WRITE landed, later still when its thread waits for a core.
   double answered_seconds = 0;
   // 07: what opening the session cost the server (once), and filling pages (per request).
-  double server_setup_seconds = 0;
-  double server_fill_seconds = 0;
+  double server_setup_seconds = -1;  // negative: not measured (before 07)
+  double server_fill_seconds = -1;
   // 07: the client's clock from its first TRANSFER sent to its first WRITE landed, the
   // figure the warmup rung moves: without warmup it carries the lanes' first use (connections
   // made, the peer's memory first mapped). Negative: not measured.
@@ -36,9 +36,9 @@ struct Summary {
   double started_at = 0;
   // 07: what registering the client's own region cost it, apart from the transfer.
   uint64_t registered_bytes = 0;
-  double registration_seconds = 0;
-  double link_gbps = 0;         // theoretical rate; 0 when unknown
-  uint64_t verified_bytes = 0;  // distinct bytes checked against the seed's data
+  double registration_seconds = -1;  // negative: not measured
+  double link_gbps = 0;              // theoretical rate; 0 when unknown
+  uint64_t verified_bytes = 0;       // distinct bytes checked against the seed's data
   int lanes = 1;
   std::string memory = "host";    // host, cuda-direct, cuda-staged, cuda-vmm-direct, ...
   std::string memory_why;         // how GPU memory moves (direct), or why it is staged
@@ -80,6 +80,39 @@ std::string ClockProblem(const Summary& s, double wall_seconds);
 double Gbps(uint64_t bytes, double seconds);
 
 // "summary: ..." on one line, or the same figures as one JSON object.
+// What a run's records name beside their figures (docs/record.schema.json): the stage and
+// the request from the command line (ParseCommandLine), the provider and fabric from the
+// one chosen (SelectDomains).
+struct RunContext {
+  std::string stage;
+  std::string provider;
+  std::string fabric;
+  uint64_t page_size = 0, pages = 0, repeat = 0, requests = 0;
+};
+RunContext& ThisRun();
+void NoteProvider(const std::string& provider, const std::string& fabric);
+// A JSON object built field by field: numbers, text, booleans, and null for what is unknown.
+class JsonRecord {
+ public:
+  explicit JsonRecord(const char* record);  // "record": "client", "session", ...
+  JsonRecord& Add(const char* key, double value, int digits = 6);
+  JsonRecord& Add(const char* key, uint64_t value);
+  JsonRecord& Add(const char* key, const std::string& value);
+  JsonRecord& AddBool(const char* key, bool value);
+  JsonRecord& AddNull(const char* key);
+  JsonRecord& AddRaw(const char* key, const std::string& json);  // an array or object
+  std::string Text() const { return text_ + "}"; }
+  static std::string Quote(const std::string& text);  // a JSON string, quotes included
+
+ private:
+  std::string text_;
+};
+// Prints a record on the real stdout (--json), one a line.
+void PrintRecord(const JsonRecord& record);
+// A server's record of a client's session, as its last line says it ("done", "lost: why"):
+// stage, provider, fabric, client and how it ended; the caller adds writes, bytes and engine.
+JsonRecord SessionRecord(uint64_t client, const std::string& ended);
+
 std::string FormatSummary(const Summary& s, bool json);
 void PrintSummary(const Summary& s, bool json);
 // 03's summary: "received N WRITEs (B bytes) in S s (server: T s); verified V bytes", printed

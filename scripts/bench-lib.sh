@@ -1,14 +1,16 @@
 # shellcheck shell=bash
-# Helpers the benchmark scripts share (sourced, not run): sizes, medians, JSON fields, CPU time
-# split, NIC byte counters, and one server/client run across the mini-cluster.
+# Helpers the benchmark scripts share (sourced, not run): sizes, medians and JSON fields (from
+# scripts/benchlib.py), CPU time split, NIC byte counters, and one server/client run across the
+# mini-cluster.
 
-median() { sort -g | awk '{a[NR]=$1} END {if (NR == 0) print "-"; else if (NR % 2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2}'; }  # "-" when there is nothing
+benchlib=$(dirname "${BASH_SOURCE[0]}")/benchlib.py  # statistics and records, with unit tests
+median() { python3 "$benchlib" median; }  # of the numbers on stdin, one a line; "-" when none
 bytes_of() {  # 4096, 64k, 2m, 1g -> bytes; exit status 1 for what is not a size
   awk -v s="$1" 'BEGIN {n = s + 0; u = tolower(substr(s, length(n "") + 1, 1))
     if (n <= 0 || (u != "" && u != "k" && u != "m" && u != "g")) exit 1
     printf "%.0f\n", n * (u == "k" ? 1024 : u == "m" ? 1048576 : u == "g" ? 1073741824 : 1)}'
 }
-field() { sed -n "s/.*\"$1\":\([0-9.]*\).*/\1/p"; }
+field() { python3 "$benchlib" field "$1"; }  # NAME of each JSON record on stdin; "" if null
 # await_server PID SECONDS COMMAND...: waits until COMMAND succeeds (the server has written its
 # address), while the server PID lives, for at most SECONDS of wall time; otherwise says why on
 # stderr and returns 1. A server that died is seen at once; one that a loaded host has not run

@@ -7,15 +7,16 @@ import json
 import statistics
 
 
-def json_records(text):
-    """The JSON objects among a program's output lines (07 prints one per run with --json)."""
+def json_records(text, as_written=False):
+    """The JSON objects among a program's output lines (07 prints one per run with --json).
+    as_written: decimals kept as their text ("1.00"), for the shell scripts' tables."""
     records = []
     for line in text.splitlines():
         line = line.strip()
         if not line.startswith("{"):
             continue
         try:
-            value = json.loads(line)
+            value = json.loads(line, parse_float=str if as_written else float)
         except json.JSONDecodeError:
             continue
         if isinstance(value, dict):
@@ -86,3 +87,66 @@ def verdict(value, target, higher_is_better=True):
 def fmt(value, digits=3):
     """A figure for a table: '-' where unknown."""
     return "-" if value is None else f"{value:.{digits}f}"
+
+
+def field_values(text, name):
+    """NAME of each JSON record in `text`, as text: '' where null or absent (bench-lib.sh's
+    `field`)."""
+    values = []
+    for record in json_records(text, as_written=True):
+        value = record.get(name)
+        if value is None:
+            values.append("")
+        elif isinstance(value, bool):
+            values.append("true" if value else "false")
+        else:
+            values.append(str(value))
+    return values
+
+
+def field_rows(text, names):
+    """Per JSON record in `text`, its NAMEs (a.b: field b of object a) tab-separated, as
+    field_values writes each (journey's rows)."""
+    rows = []
+    for record in json_records(text, as_written=True):
+        values = []
+        for name in names:
+            value = record
+            for part in name.split("."):
+                value = value.get(part) if isinstance(value, dict) else None
+            values.append(field_values(json.dumps({"v": value}), "v")[0])
+        rows.append("\t".join(values))
+    return rows
+
+
+def main(argv, stdin):
+    """The shell scripts' entry: `benchlib.py field NAME` (each record's NAME), `benchlib.py
+    fields NAME...` (a tab-separated row per record) and `benchlib.py median` (of the numbers,
+    one a line; '-' when there are none)."""
+    if len(argv) == 2 and argv[0] == "field":
+        return "\n".join(field_values(stdin, argv[1]))
+    if len(argv) >= 2 and argv[0] == "fields":
+        return "\n".join(field_rows(stdin, argv[1:]))
+    if argv == ["median"]:  # as the figures were written: the middle one's text, if odd
+        numbers = []
+        for word in stdin.split():
+            try:
+                numbers.append((float(word), word))
+            except ValueError:  # "-": a run without the figure
+                pass
+        numbers.sort()
+        if not numbers:
+            return "-"
+        middle = len(numbers) // 2
+        if len(numbers) % 2:
+            return numbers[middle][1]
+        return f"{(numbers[middle - 1][0] + numbers[middle][0]) / 2:g}"
+    raise SystemExit("usage: benchlib.py field NAME | fields NAME... | median  (input on stdin)")
+
+
+if __name__ == "__main__":
+    import sys
+
+    out = main(sys.argv[1:], sys.stdin.read())
+    if out:
+        print(out)

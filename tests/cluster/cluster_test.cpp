@@ -350,10 +350,11 @@ TEST(Cluster, ClientsComeAndGoAroundALongTransfer) {
       changing |= std::abs(a - begin) < 1.5 || std::abs(a - end) < 1.5 ||
                   std::abs(b - begin) < 1.5 || std::abs(b - end) < 1.5;
     }
-    // Steady: its fair share less 10%. In a second when a client comes or goes, the flows
-    // on the links settle for a moment (a newcomer's TCP connection takes more for a second):
-    // not stalled, at least half its share.
-    const double least = full / running * (changing ? 0.5 : 0.9);
+    // Steady: its fair share less 20% (on a host whose cores are busy with other work, the
+    // scheduler lets one flow lag another by over 10% in a second). In a second when a client
+    // comes or goes, the flows on the links settle for a moment (a newcomer's TCP connection
+    // takes more for a second): not stalled, at least half its share.
+    const double least = full / running * (changing ? 0.5 : 0.8);
     EXPECT_GE(rates[k].gbps, least)
         << "second ending at " << end << " s: " << running << " clients running"
         << (changing ? ", one coming or going" : "") << ", alone " << full << " Gbps\n"

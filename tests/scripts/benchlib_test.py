@@ -64,5 +64,29 @@ class Clients(unittest.TestCase):
         self.assertIsNone(benchlib.start_skew([{"bytes": 1}]))
 
 
+class ShellEntry(unittest.TestCase):
+    """What bench-lib.sh's `field` and `median` print (they call main)."""
+
+    def test_field_of_each_record(self):
+        text = 'progress: 1.0 s\n{"gbps":1.5,"step":null,"ok":true}\n{"gbps":2}\nsummary\n'
+        self.assertEqual(benchlib.main(["field", "gbps"], text), "1.5\n2")
+        self.assertEqual(benchlib.main(["field", "step"], text), "\n")  # null, absent: ""
+        self.assertEqual(benchlib.main(["field", "ok"], text), "true\n")
+        self.assertEqual(benchlib.main(["field", "x"], '{"x":1.00}'), "1.00")  # as written
+
+    def test_rows_of_fields(self):
+        text = '{"writes":8,"engine":{"placement":"cpus 0","locks":0}}\n{"writes":9,"engine":null}\n'
+        self.assertEqual(benchlib.main(["fields", "writes", "engine.placement", "engine.locks"],
+                                       text), "8\tcpus 0\t0\n9\t\t")
+
+    def test_median_of_the_numbers(self):
+        self.assertEqual(benchlib.main(["median"], "3\n1\n2\n"), "2")
+        self.assertEqual(benchlib.main(["median"], "1.00\n0.50\n2.00\n"), "1.00")  # as written
+        self.assertEqual(benchlib.main(["median"], "4\n1\n-\n"), "2.5")
+        self.assertEqual(benchlib.main(["median"], ""), "-")
+        with self.assertRaises(SystemExit):
+            benchlib.main(["mean"], "")
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -26,7 +26,7 @@ fail() { echo "FAIL: $*"; exit 1; }
 out=$(env -i PATH="$work/bin" RPM_INSTALLED="gcc-c++ meson python3" DNF_LOG="$work/log" \
       bash "$root/scripts/install-deps" --print 2>&1)
 echo "$out"
-want="install-deps: dnf; missing: pkgconf-pkg-config ninja-build hwloc-devel gtest-devel cli11-devel iproute python3-pyyaml libfabric-devel"
+want="install-deps: dnf; missing: pkgconf-pkg-config ninja-build hwloc-devel gtest-devel cli11-devel iproute python3-pyyaml python3-jsonschema libfabric-devel"
 [ "$out" = "$want" ] || fail "--print said '$out', not '$want'"
 
 if [ "$(id -u)" -eq 0 ]; then
@@ -35,12 +35,12 @@ if [ "$(id -u)" -eq 0 ]; then
   echo "$out"; echo "dnf was asked:"; cat "$work/log"
   [ $rc -eq 1 ] || fail "exit $rc with cli11-devel missing, not 1"
   [[ "$out" == *"no cli11-devel"*"/usr/local/include"* ]] || fail "cli11-devel's fix not named"
-  [ "$(wc -l <"$work/log")" -eq 8 ] || fail "dnf asked $(wc -l <"$work/log") times, not 8"
+  [ "$(wc -l <"$work/log")" -eq 9 ] || fail "dnf asked $(wc -l <"$work/log") times, not 9"
   grep -q "^install -y -q hwloc-devel$" "$work/log" || fail "hwloc-devel not asked for"
   grep -q "gcc-c++" "$work/log" && fail "asked for gcc-c++, which is installed"
 fi
 
-all="gcc-c++ pkgconf-pkg-config meson ninja-build hwloc-devel gtest-devel cli11-devel iproute python3 python3-pyyaml libfabric-devel"
+all="gcc-c++ pkgconf-pkg-config meson ninja-build hwloc-devel gtest-devel cli11-devel iproute python3 python3-pyyaml python3-jsonschema libfabric-devel"
 rm -f "$work/log"
 env -i PATH="$work/bin" RPM_INSTALLED="$all" DNF_LOG="$work/log" bash "$root/scripts/install-deps" ||
   fail "exit $? with everything installed"
