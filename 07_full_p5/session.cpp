@@ -345,6 +345,11 @@ void Peer::AddTotals(JsonRecord& record) const {
   engine += ",\"placement\":" + JsonRecord::Quote(t.placement);
   engine += ",\"lock_acquisitions\":" + std::to_string(shared.locks);
   engine += ",\"most_prepared\":" + std::to_string(t.most_prepared);
+  // Where the provider reads no FI_MORE, every WRITE is its own doorbell (the doorbell rung
+  // then saves none): scripts/journey says so from here.
+  const bool more =
+      !slots.empty() && !slots[0]->worker->lanes.empty() && slots[0]->worker->lanes[0].reads_more;
+  engine += std::string(",\"provider_reads_more\":") + (more ? "true" : "false");
   char numbers[160];
   std::snprintf(numbers, sizeof(numbers),
                 ",\"writes_per_doorbell\":%.2f,\"writes_per_completion\":%.2f,"

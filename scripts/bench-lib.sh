@@ -11,6 +11,7 @@ bytes_of() {  # 4096, 64k, 2m, 1g -> bytes; exit status 1 for what is not a size
     printf "%.0f\n", n * (u == "k" ? 1024 : u == "m" ? 1048576 : u == "g" ? 1073741824 : 1)}'
 }
 field() { python3 "$benchlib" field "$1"; }  # NAME of each JSON record on stdin; "" if null
+fields() { python3 "$benchlib" fields "$@"; }  # a tab-separated row of NAMEs (a.b) per record
 # await_server PID SECONDS COMMAND...: waits until COMMAND succeeds (the server has written its
 # address), while the server PID lives, for at most SECONDS of wall time; otherwise says why on
 # stderr and returns 1. A server that died is seen at once; one that a loaded host has not run
@@ -40,37 +41,14 @@ remove_shm_regions() {
 # beats every run of BELOW in that direction (the two ranges do not overlap), "loss" when every
 # run is worse, "no change" when the ranges overlap (the difference is within the spread), and
 # "too few runs" with fewer than 3 on either side: a range of one or two runs is no spread.
-verdict() {
-  awk -v a="$1" -v b="$2" -v dir="$3" 'BEGIN {
-    na = split(a, x, " "); nb = split(b, y, " ")
-    if (dir != "up" && dir != "down") { print "verdict: direction is up or down, not \"" dir "\"" > "/dev/stderr"; exit 2 }
-    if (na < 3 || nb < 3) { print "too few runs"; exit }
-    amin = amax = x[1] + 0; for (i = 2; i <= na; i++) { v = x[i] + 0; if (v < amin) amin = v; if (v > amax) amax = v }
-    bmin = bmax = y[1] + 0; for (i = 2; i <= nb; i++) { v = y[i] + 0; if (v < bmin) bmin = v; if (v > bmax) bmax = v }
-    if (dir == "down") { t = -amin; amin = -amax; amax = t; t = -bmin; bmin = -bmax; bmax = t }
-    print (bmin > amax ? "gain" : bmax < amin ? "loss" : "no change") }'
-}
+verdict() { python3 "$benchlib" verdict "$1" "$2" "$3"; }
 # removed "BELOW" "THIS": the verdict on a rung that makes a count zero by construction (a
 # pinned thread cannot move between cores), from the counts per run: "gain" when THIS counted
 # none in any run and BELOW some in at least one, "loss" when THIS counted any, "cannot show"
 # when neither did (nothing was there to remove); "too few runs" with fewer than 3 a side.
-# The ranges of `verdict` would call 0-3 moves against 0 "no change": but the 0 on THIS side
-# is no spread between runs, it is the rung's guarantee, and any move below is one it stops.
-removed() {
-  awk -v a="$1" -v b="$2" 'BEGIN {
-    na = split(a, x, " "); nb = split(b, y, " ")
-    if (na < 3 || nb < 3) { print "too few runs"; exit }
-    for (i = 1; i <= nb; i++) if (y[i] + 0 != 0) { print "loss"; exit }
-    for (i = 1; i <= na; i++) if (x[i] + 0 != 0) k++
-    print (k ? "gain" : "cannot show") }'
-}
+removed() { python3 "$benchlib" removed "$1" "$2"; }
 # spread "RUNS": (max - min) / median of the runs, in percent ("-" for fewer than 2 runs).
-spread() {
-  tr ' ' '\n' <<<"$1" | grep . | sort -g | awk '{v[NR] = $1} END {
-    if (NR < 2) { print "-"; exit }
-    m = NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2
-    if (m == 0) print "-"; else printf "%.0f\n", 100 * (v[NR] - v[1]) / m }'
-}
+spread() { python3 "$benchlib" spread "$1"; }
 cpu_ticks() {  # user nice system idle iowait irq softirq, summed over all CPUs
   awk '/^cpu / {print $2, $3, $4, $5, $6, $7, $8}' /proc/stat
 }

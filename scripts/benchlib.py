@@ -1,5 +1,6 @@
 """What the benchmark scripts share: reading the programs' JSON records and the statistics
-they print (median, range, Jain's fairness index, a verdict against a target).
+they print (median, range, spread, Jain's fairness index, a verdict against a target or from
+two rungs' runs). The shell scripts call it through scripts/bench-lib.sh (main, below).
 
 Imported by scripts/bench-clients; its unit tests are tests/scripts/benchlib_test.py.
 """
@@ -89,6 +90,47 @@ def fmt(value, digits=3):
     return "-" if value is None else f"{value:.{digits}f}"
 
 
+def _numbers(words):
+    return [float(w) for w in words.split()]
+
+
+def runs_verdict(below, this, direction):
+    """The verdict on a rung from its runs and the rung's below (space-separated figures):
+    'gain' when every run of THIS beats every run of BELOW in `direction` ('up' or 'down';
+    the ranges do not overlap), 'loss' when every run is worse, 'no change' when the ranges
+    overlap, 'too few runs' with fewer than 3 on either side."""
+    if direction not in ("up", "down"):
+        raise ValueError(f'verdict: direction is up or down, not "{direction}"')
+    a, b = _numbers(below), _numbers(this)
+    if len(a) < 3 or len(b) < 3:
+        return "too few runs"
+    if direction == "down":
+        a, b = [-v for v in a], [-v for v in b]
+    return "gain" if min(b) > max(a) else "loss" if max(b) < min(a) else "no change"
+
+
+def runs_removed(below, this):
+    """The verdict on a rung that makes a count zero by construction (a pinned thread cannot
+    move): 'gain' when THIS counted none in any run and BELOW some in one, 'loss' when THIS
+    counted any, 'cannot show' when neither did, 'too few runs' below 3 a side. The ranges of
+    runs_verdict would call 0-3 against 0 no change: but THIS side's 0 is the rung's guarantee."""
+    a, b = _numbers(below), _numbers(this)
+    if len(a) < 3 or len(b) < 3:
+        return "too few runs"
+    if any(v != 0 for v in b):
+        return "loss"
+    return "gain" if any(v != 0 for v in a) else "cannot show"
+
+
+def spread_percent(runs):
+    """(highest - lowest) / median of the runs, in percent, as text; '-' for fewer than 2
+    runs or a median of 0."""
+    values = _numbers(runs)
+    if len(values) < 2 or statistics.median(values) == 0:
+        return "-"
+    return f"{100 * (max(values) - min(values)) / statistics.median(values):.0f}"
+
+
 def field_values(text, name):
     """NAME of each JSON record in `text`, as text: '' where null or absent (bench-lib.sh's
     `field`)."""
@@ -141,12 +183,25 @@ def main(argv, stdin):
         if len(numbers) % 2:
             return numbers[middle][1]
         return f"{(numbers[middle - 1][0] + numbers[middle][0]) / 2:g}"
-    raise SystemExit("usage: benchlib.py field NAME | fields NAME... | median  (input on stdin)")
+    if len(argv) == 4 and argv[0] == "verdict":
+        return runs_verdict(argv[1], argv[2], argv[3])
+    if len(argv) == 3 and argv[0] == "removed":
+        return runs_removed(argv[1], argv[2])
+    if len(argv) == 2 and argv[0] == "spread":
+        return spread_percent(argv[1])
+    raise SystemExit("usage: benchlib.py field NAME | fields NAME... | median (input on stdin)"
+                     " | verdict BELOW THIS up|down | removed BELOW THIS | spread RUNS")
 
 
 if __name__ == "__main__":
     import sys
 
-    out = main(sys.argv[1:], sys.stdin.read())
+    args = sys.argv[1:]
+    try:  # the commands that read stdin are the first two
+        out = main(args, sys.stdin.read() if args[:1] in (["field"], ["fields"], ["median"])
+                   else "")
+    except ValueError as e:
+        print(e, file=sys.stderr)
+        sys.exit(2)
     if out:
         print(out)

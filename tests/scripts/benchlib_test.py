@@ -79,6 +79,19 @@ class ShellEntry(unittest.TestCase):
         self.assertEqual(benchlib.main(["fields", "writes", "engine.placement", "engine.locks"],
                                        text), "8\tcpus 0\t0\n9\t\t")
 
+    def test_verdicts_from_runs(self):
+        self.assertEqual(benchlib.main(["verdict", "1.0 1.1 1.2", "1.3 1.4 1.5", "up"], ""), "gain")
+        self.assertEqual(benchlib.main(["verdict", "9 8 7", "3 2 1", "down"], ""), "gain")
+        self.assertEqual(benchlib.runs_verdict("1.0 1.1 1.2", "1.2 1.4 1.5", "up"), "no change")
+        self.assertEqual(benchlib.runs_verdict("1 2", "3 4 5", "up"), "too few runs")
+        with self.assertRaises(ValueError):
+            benchlib.runs_verdict("1 2 3", "4 5 6", "more")
+        self.assertEqual(benchlib.runs_removed("0 3 0 1 0", "0 0 0 0 0"), "gain")
+        self.assertEqual(benchlib.runs_removed("0 0 0", "0 0 0"), "cannot show")
+        self.assertEqual(benchlib.runs_removed("2 3 4", "0 1 0"), "loss")
+        self.assertEqual(benchlib.spread_percent("0.9 1.0 1.1 1.0 0.95"), "20")
+        self.assertEqual(benchlib.spread_percent("7"), "-")
+
     def test_median_of_the_numbers(self):
         self.assertEqual(benchlib.main(["median"], "3\n1\n2\n"), "2")
         self.assertEqual(benchlib.main(["median"], "1.00\n0.50\n2.00\n"), "1.00")  # as written
