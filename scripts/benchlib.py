@@ -194,7 +194,10 @@ def main(argv, stdin):
 
 
 if __name__ == "__main__":
+    import signal
     import sys
+
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # a reader that stops early (head) ends us quietly
 
     args = sys.argv[1:]
     try:  # the commands that read stdin are the first two

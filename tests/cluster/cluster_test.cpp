@@ -408,8 +408,8 @@ TEST(Cluster, P5DressRehearsal) {
       << client.err;
   // Nine rungs, each of 32 lanes, each verified.
   size_t rungs = 0;
-  for (size_t at = client.out.find("{\"bytes\""); at != std::string::npos;
-       at = client.out.find("{\"bytes\"", at + 1)) {
+  for (size_t at = client.out.find("{\"record\":\"client\""); at != std::string::npos;
+       at = client.out.find("{\"record\":\"client\"", at + 1)) {
     const std::string json = client.out.substr(at, client.out.find('\n', at) - at);
     EXPECT_EQ(NumberAfter(json, "\"verified_bytes\":"), 256LL * 16384 * 2) << json;
     EXPECT_EQ(NumberAfter(json, "\"lanes\":"), 32) << json;
