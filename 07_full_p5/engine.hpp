@@ -128,6 +128,9 @@ FiInfoPtr DataLane(const fi_info& nic);
 // Whether the provider completes a lane's WRITEs strictly in order, so that one that never
 // completes (to a killed client) holds back every later one on that lane (main.cpp).
 bool CompletesInOrder(const fi_info& nic);
+// Whether each WRITE holds one of its endpoint's tx_attr->size commands until its target
+// answers, so that the WRITEs of a killed client hold theirs for good (main.cpp).
+bool HoldsCommandUntilAnswered(const fi_info& nic);
 bool RemoveNeedsMappedPeer(const fi_info& nic);
 // The entries of a receiving lane's CQ. Each WRITE carries immediate data, so it lands as one
 // completion there. Where the device receives such WRITEs unsolicited (efa-direct is offered
@@ -390,6 +393,7 @@ struct Engine : service::Engine {
   uint64_t reserved = 0;       // what the connected clients asked for (--server-memory)
   size_t peers = 0;            // clients connected, or never freed (a stuck leave)
   size_t stuck_leaves = 0;     // clients whose WRITEs never completed as they left
+  std::vector<uint64_t> held;  // per lane: WRITEs of those clients, never to complete
   Cores cores;
   std::vector<std::unique_ptr<Worker>> workers;
   std::vector<size_t> owner;  // per lane: the worker that drives it

@@ -145,6 +145,14 @@ FiInfoPtr DataLane(const fi_info& nic) {
 bool CompletesInOrder(const fi_info& nic) {
   return std::string(nic.fabric_attr->prov_name) == "shm" && fi_version() < FI_VERSION(1, 18);
 }
+// shm from 1.18, where WRITEs ask for FI_DELIVERY_COMPLETE (WriteCompletion), takes one of
+// the endpoint's tx_attr->size commands per WRITE and gets it back when the target answers
+// (2.6 smr_generic_rma, SMR_RETURN_CMD): a WRITE to a killed client keeps its command for good.
+// Measured (2.6, -W 64, 1024 commands): the 16th client killed mid-transfer left the lane none,
+// and every later client's WRITEs on it waited for ever.
+bool HoldsCommandUntilAnswered(const fi_info& nic) {
+  return std::string(nic.fabric_attr->prov_name) == "shm" && WriteCompletion(nic) != 0;
+}
 // libfabric 1.x's shm maps a peer's region when it is inserted, and fi_av_remove unmaps it
 // without checking that it was mapped: removing a peer whose process had gone before it was
 // inserted (its region file unlinked) dereferences NULL (found: a CONNECT naming the lane of a

@@ -301,7 +301,16 @@ service::Session::Leaving Peer::Leave() {
   // kStuckSeconds (common/provider_watch.hpp).
   const auto patience = std::chrono::duration<double>(kStuckSeconds + 1);
   if (Clock::now() - *leaving_since < patience) return Leaving::kUnderway;
-  if (!stuck) ++engine->stuck_leaves;
+  if (!stuck) {
+    ++engine->stuck_leaves;
+    // What it leaves in the provider: its WRITEs in flight, striped over its lanes of each
+    // thread (its pending ones were dropped as it left).
+    for (const auto& slot : slots) {
+      const uint64_t n = slot->in_flight.load(std::memory_order_relaxed);
+      for (size_t i = 0; i < slot->lanes_used; ++i)
+        engine->held[slot->worker->first_lane + i] += (n + slot->lanes_used - 1) / slot->lanes_used;
+    }
+  }
   stuck = true;
   return Leaving::kStuck;
 }
@@ -449,6 +458,7 @@ bool Engine::On(uint32_t flag) const {
 void Engine::Build(const Shape& wanted) {
   StopWorkers(workers);
   owner.clear();
+  held.assign(plan.lanes.size(), 0);  // the old lanes, and what their provider kept, are gone
   shape = wanted;
   const size_t lanes = plan.lanes.size(), threads = shape.threads;
   const bool here = IsThisSystem(topology);  // not a rehearsal (--topology)
@@ -633,6 +643,16 @@ service::Engine::Report Engine::Watch() {
         "a client left WRITEs in flight that never complete, and libfabric 1.17's shm "
         "completes a lane's WRITEs in order: none would complete again (README.md, "
         "\"Which provider keeps which promise\")";
+  for (size_t l = 0; l < held.size() && report.fatal.empty(); ++l) {
+    const uint64_t queue = plan.lanes[l]->tx_attr->size;
+    if (!HoldsCommandUntilAnswered(*plan.lanes[l]) || held[l] + options.window <= queue) continue;
+    report.fatal = "clients killed mid-transfer hold " + std::to_string(held[l]) + " of lane " +
+                   std::to_string(l) + "'s " + std::to_string(queue) +
+                   " WRITE commands for good, and a window needs " +
+                   std::to_string(options.window) +
+                   " (README.md, \"Which provider keeps which "
+                   "promise\")";
+  }
   return report;
 }
 
