@@ -30,6 +30,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -352,9 +353,9 @@ std::vector<uint8_t> Respell(std::vector<uint8_t> address, const std::string& ho
                    " addresses");
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+// What every case is given: the command line and the server under attack. Each case is a
+// method; it ends the process (Leave) once it has done its part.
+struct Attack {
   Options options;
   std::string what;
   uint64_t count = 1;
@@ -362,19 +363,464 @@ int main(int argc, char** argv) {
   double hold = 2;
   std::string victim;
   std::string spelling = "same";
+  std::vector<uint8_t> server;
+  Clock::time_point deadline;
+  bool tcp = false;
+
+  [[noreturn]] void Oversize();
+  [[noreturn]] void ConnectNowhere();
+  [[noreturn]] void ConnectReflect();
+  [[noreturn]] void ConnectSelf();
+  [[noreturn]] void ByeThenBig();
+  [[noreturn]] void TransferDie();
+  [[noreturn]] void ConnectVersion();
+  [[noreturn]] void ConnectDie();
+  [[noreturn]] void StrangerBye();
+  [[noreturn]] void ForgeClient();
+  [[noreturn]] void Deaf();
+  [[noreturn]] void Flood();
+  [[noreturn]] void Requests();
+  [[noreturn]] void MalformedMessages();
+  [[noreturn]] void ClaimLane();
+  [[noreturn]] void StrangerWrite();
+};
+
+}  // namespace
+
+// one SEND far over the receive buffers, before any CONNECT
+void Attack::Oversize() {
+  auto p = Open(options, server, false);
+  std::vector<uint8_t> big(kBig, 0x5a);
+  if (!Send(*p, big, deadline)) throw Error("could not post: " + p->last_error);
+  WaitFor(
+      *p, [&] { return p->sends + p->errors > 0; }, deadline);
+  std::printf("sent %zu bytes: %s\n", big.size(),
+              p->errors  ? p->last_error.c_str()
+              : p->sends ? "completed"
+                         : "no completion");
+  Leave(0);
+}
+void Attack::ConnectNowhere() {
+  // A CONNECT whose lane 0 names an address where nothing listens: the server's answer
+  // can never be delivered.
+  auto p = Open(options, server, true);
+  std::vector<uint8_t> address;
+  if (what == "connect-fake-shm") {
+    const std::string name = "fi_shm://fake0";
+    address.assign(name.begin(), name.end());
+    address.push_back(0);
+  } else if (tcp) {
+    address = p->Address();   // a sockaddr_in: keep the family, point it at port 40000 of
+    address[2] = 40000 >> 8;  // this host, where nothing listens
+    address[3] = 40000 & 0xff;
+  } else {
+    const std::string name = "fi_shm://" + std::to_string(getpid()) + ":nobody";
+    address.assign(name.begin(), name.end());
+    address.push_back(0);
+  }
+  // Each CONNECT names an address of its own (the next port; "-N" after the shm name),
+  // so that the server's AV takes a new entry for each (over shm, a name without a file in
+  // /dev/shm: the server refuses it before its AV).
+  std::vector<uint8_t> first = address;
+  const Clock::time_point start = Clock::now();
+  for (uint64_t i = 0; i < count; ++i) {
+    std::vector<uint8_t> named = address;
+    if (what == "connect-nowhere" && tcp) {
+      const unsigned port = 40000 + static_cast<unsigned>(i % 20000);
+      named[2] = static_cast<uint8_t>(port >> 8);
+      named[3] = static_cast<uint8_t>(port & 0xff);
+    } else if (what == "connect-nowhere" && i > 0) {
+      named.pop_back();
+      for (char c : "-" + std::to_string(i)) named.push_back(static_cast<uint8_t>(c));
+      named.push_back(0);
+    }
+    if (!SendMessage(*p, ConnectOf(*p, 1 << 20, named), deadline))
+      throw Error("could not send CONNECT: " + p->last_error);
+    if (i == 0) deadline += Clock::now() - start;  // getting in is not the attack
+  }
+  WaitFor(
+      *p, [&] { return p->sends >= count; }, deadline);
+  std::printf("sent %llu CONNECTs naming %s%s\n", static_cast<unsigned long long>(count),
+              ToHex(first).c_str(), count > 1 ? " and the next ones" : "");
+  Leave(0);
+}
+void Attack::ConnectReflect() {
+  // CONNECTs that name other endpoints of ours, victims that never spoke to the server,
+  // sent as a client sends its own (again and again for --seconds, as if unanswered).
+  // A server that answered them would make anyone its sender of messages to anyone. The
+  // victims (--count of them, each named by CONNECTs of its own) listen all along and
+  // count what reaches them.
+  auto p = Open(options, server, true);
+  std::vector<std::unique_ptr<Peer>> victims;
+  for (uint64_t i = 0; i < count; ++i) victims.push_back(Open(options, server, true));
+  const Clock::time_point until =  // --seconds from here: opening them takes a while
+      Clock::now() +
+      std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+  std::vector<wire::Connect> connects;
+  for (auto& v : victims) connects.push_back(ConnectOf(*p, 1 << 20, v->Address()));
+  common::ConnectRepeat again;
+  uint64_t sent = 0;
+  for (bool first = true; Clock::now() < until; first = false) {
+    if (first || again.Due())
+      for (const auto& c : connects) sent += SendMessage(*p, c, until);
+    Poll(*p);
+    for (auto& v : victims) Poll(*v);
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  size_t reached = 0;
+  for (auto& v : victims) reached += v->received;
+  std::printf(
+      "connect-reflect: sent %llu CONNECTs naming %zu other endpoints; they received "
+      "%zu messages, the sender %zu\n",
+      static_cast<unsigned long long>(sent), victims.size(), reached, p->received);
+  Leave(0);
+}
+void Attack::ConnectSelf() {
+  // A CONNECT whose every address is the server's own: answering it, the server would
+  // talk to itself, and answering those answers, for ever.
+  auto p = Open(options, server, true);
+  wire::Connect c = ConnectOf(*p, 1 << 20, server);
+  c.reply = server;
+  const Clock::time_point start = Clock::now();
+  for (uint64_t i = 0; i < count; ++i) {
+    if (!SendMessage(*p, c, deadline)) throw Error("could not send CONNECT: " + p->last_error);
+    if (i == 0) deadline += Clock::now() - start;  // getting in is not the attack
+  }
+  WaitFor(
+      *p, [&] { return p->sends >= count; }, deadline);
+  std::printf("sent %llu CONNECTs naming the server's own address\n",
+              static_cast<unsigned long long>(count));
+  Leave(0);
+}
+void Attack::ByeThenBig() {
+  // Connects, says BYE, waits until the server has forgotten it (--hold seconds), then
+  // sends a TRANSFER longer than shm's inline messages (2000 pages: 8 KiB) from the same
+  // endpoint: the server's AV no longer knows it (libfabric 1.17's shm once crashed there).
+  auto p = Open(options, server, true);
+  if (!Connect(*p, ConnectOf(*p, 64 << 20), deadline))
+    throw Error("no answer to CONNECT from the server");
+  if (!SendMessage(*p, wire::Bye{}, deadline)) throw Error(p->last_error);
+  WaitFor(
+      *p, [&] { return false; },
+      Clock::now() +
+          std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(hold)));
+  uint64_t sent = 0;
+  for (uint64_t i = 0; i < count; ++i)
+    sent += SendMessage(*p, TransferOf(1, 2000, 4096, 1), deadline);
+  WaitFor(
+      *p, [&] { return false; }, Clock::now() + std::chrono::milliseconds(500));
+  std::printf("bye-then-big: sent %llu TRANSFERs of 2000 pages after BYE\n",
+              static_cast<unsigned long long>(sent));
+  Leave(0);
+}
+void Attack::TransferDie() {
+  // Connects, sends a TRANSFER longer than shm's inline size and dies at once, before the
+  // server has read it: shm then copies it from a process that is gone.
+  auto p = Open(options, server, true);
+  RegisterRegion(*p, 64 << 20);
+  if (!Connect(*p, ConnectOf(*p, 64 << 20), deadline))
+    throw Error("no answer to CONNECT from the server");
+  for (uint64_t i = 0; i < count; ++i)
+    SendMessage(*p, TransferOf(static_cast<uint32_t>(i + 1), 2000, 4096, 1), deadline);
+  std::printf("transfer-die: sent %llu TRANSFERs of 2000 pages, dying\n",
+              static_cast<unsigned long long>(count));
+  std::fflush(stdout);
+  kill(getpid(), SIGKILL);
+  Leave(1);  // not reached
+}
+void Attack::ConnectVersion() {
+  // A CONNECT of the next wire version, as a client of a later release sends: the server
+  // refuses it by name, from the fields every version keeps in place.
+  auto p = Open(options, server, true);
+  std::vector<uint8_t> bytes = wire::Encode(ConnectOf(*p, 1 << 20), p->nonce);
+  const uint16_t next = wire::kVersion + 1;
+  std::memcpy(bytes.data() + offsetof(wire::Header, version), &next, sizeof(next));
+  const Clock::time_point setup = SetupDeadline(deadline);
+  common::ConnectRepeat again;
+  while (p->received == 0 && Clock::now() < setup) {
+    if (again.Due() && !Send(*p, bytes, setup)) throw Error(p->last_error);
+    Poll(*p);
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  std::printf("connect-version: sent a CONNECT of wire version %u; %zu answers%s%s\n",
+              unsigned{next}, p->received,
+              p->last_text.empty() ? "" : ", the last: ", p->last_text.c_str());
+  Leave(0);
+}
+void Attack::ConnectDie() {
+  // A CONNECT, then gone at once, before any answer: dead (SIGKILL), or closing its
+  // endpoint and exiting. The server's ACCEPT goes to an endpoint that is gone, and over
+  // shm the CONNECT may be read from a region that is.
+  auto p = Open(options, server, true);
+  RegisterRegion(*p, 1 << 20);
+  if (!SendMessage(*p, ConnectOf(*p, 1 << 20), deadline)) throw Error(p->last_error);
+  std::printf("%s: sent a CONNECT, leaving\n", what.c_str());
+  std::fflush(stdout);
+  if (what == "connect-die") kill(getpid(), SIGKILL);
+  p.reset();  // its endpoint closed, as a program that exits does
+  Leave(0);
+}
+void Attack::StrangerBye() {
+  // A process that never connected sends BYE, a TRANSFER and a malformed message, --count
+  // times: none may be credited to a connected client (shm in libfabric 1.17 names a
+  // connected peer as their source).
+  auto p = Open(options, server, false);
+  // The first one may wait for rxm's tcp connection: set-up time, not the attack's.
+  const Clock::time_point start = Clock::now();
+  uint64_t sent = SendMessage(*p, wire::Bye{}, deadline);
+  deadline += Clock::now() - start;
+  for (uint64_t i = 0; i < count && Clock::now() < deadline; ++i) {
+    sent += SendMessage(*p, wire::Bye{}, deadline);
+    sent += SendMessage(*p, TransferOf(1, 2000, 4096, 1), deadline);
+    sent += Send(*p, std::vector<uint8_t>(64, 0x5a), deadline);
+    WaitFor(
+        *p, [&] { return false; }, Clock::now() + std::chrono::milliseconds(50));
+  }
+  std::printf("stranger-bye: sent %llu messages without ever connecting\n",
+              static_cast<unsigned long long>(sent));
+  Leave(0);
+}
+void Attack::ForgeClient() {
+  // Messages to a 07 client's control endpoint (the last address of its --address-file)
+  // that its server never sent: random bytes, a well-formed ERROR and DONE, each --count
+  // times. The client must finish its transfer as if none had come.
+  auto addresses = ReadAddressList(victim);
+  auto p = Open(options, addresses.back(), false);
+  uint64_t sent = 0;
+  for (uint64_t i = 0; i < count && Clock::now() < deadline; ++i) {
+    std::vector<uint8_t> noise(48);
+    for (auto& b : noise) b = static_cast<uint8_t>(wire::NewToken());
+    sent += Send(*p, noise, deadline);
+    sent += SendMessage(*p, wire::ErrorReply{1, "forged by a stranger"}, deadline);
+    sent += SendMessage(*p, wire::Done{1, 1, 1, 5531000000000ull, 0}, deadline);
+    WaitFor(
+        *p, [&] { return false; }, Clock::now() + std::chrono::milliseconds(20));
+  }
+  std::printf("forge-client: sent %llu forged messages\n", static_cast<unsigned long long>(sent));
+  Leave(0);
+}
+void Attack::Deaf() {
+  // Connects, then never posts a receive again and never reads a completion, while
+  // asking for pages outside its region: every answer the server sends finds no buffer.
+  auto p = Open(options, server, true);
+  if (!Connect(*p, ConnectOf(*p, 4096), deadline)) throw Error("no ACCEPT from the server");
+  uint64_t sent = 0;
+  for (; sent < count && Clock::now() < deadline; ++sent) {
+    auto bytes =
+        wire::Encode(TransferOf(static_cast<uint32_t>(sent + 1), 4, 1 << 20, 1), p->session);
+    std::memcpy(p->buffer.data(), bytes.data(), bytes.size());
+    ssize_t rc = -FI_EAGAIN;
+    while (rc == -FI_EAGAIN && Clock::now() < deadline)
+      rc = fi_send(p->ep.get(), p->buffer.data(), bytes.size(), fi_mr_desc(p->mr.get()), p->server,
+                   &p->contexts[1 + sent % 60]);
+    if (rc != 0) break;
+  }
+  std::printf("sent %llu refused TRANSFERs without reading a completion\n",
+              static_cast<unsigned long long>(sent));
+  std::this_thread::sleep_for(std::chrono::duration<double>(std::min(seconds, 1.0)));
+  Leave(0);
+}
+// --count clients connect and stay, from endpoints of their own
+void Attack::Flood() {
+  // All endpoints first, then the CONNECTs back to back: opening one can take a while
+  // (tcp), and the server must see the whole flood while its first clients are in.
+  // (All --count of them, deadline or not: the tests count them, and opening one is
+  // bounded; on a loaded host a tcp endpoint can take a second.)
+  std::vector<std::unique_ptr<Peer>> peers;
+  for (uint64_t i = 0; i < count; ++i) peers.push_back(Open(options, server, true));
+  // The exchange gets --seconds of its own, counted once every endpoint is open.
+  const Clock::time_point answered_by = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                                           std::chrono::duration<double>(seconds));
+  for (auto& p : peers) SendMessage(*p, ConnectOf(*p, 1 << 20), answered_by);
+  size_t accepted = 0, refused = 0;
+  std::string refusal;
+  for (auto& p : peers) {
+    AwaitAnswer(*p, ConnectOf(*p, 1 << 20), 0, answered_by);
+    if (p->last_text == "ACCEPT") {
+      ++accepted;
+    } else if (!p->last_text.empty()) {
+      ++refused;
+      if (refusal.empty()) refusal = p->last_text;
+    }
+  }
+  std::printf("flood: %zu clients, %zu accepted, %zu refused%s%s\n", peers.size(), accepted,
+              refused, refused ? ": " : "", refusal.c_str());
+  std::fflush(stdout);
+  std::this_thread::sleep_for(std::chrono::duration<double>(hold));
+  Leave(0);
+}
+void Attack::Requests() {
+  auto p = Open(options, server, true);
+  const bool big = what == "big-requests";
+  const uint64_t region = big ? (4ull << 30) : (64ull << 20);
+  if (!big) RegisterRegion(*p, region);  // a real one: its WRITEs land and complete
+  if (!Connect(*p, ConnectOf(*p, region, {}, big ? (3ull << 30) : (1 << 20)), deadline))
+    throw Error("no answer to CONNECT from the server");
+  if (p->last_text != "ACCEPT") {  // 07 weighs the memory asked for at CONNECT
+    std::printf("%s: refused at CONNECT: %s\n", what.c_str(), p->last_text.c_str());
+    Leave(0);
+  }
+  std::vector<wire::Transfer> requests;
+  if (what == "big-requests")  // three requests of 1 GiB: 8192 pages of 128 KiB
+    for (uint32_t i = 1; i <= 3; ++i) requests.push_back(TransferOf(i, 8192, 128 << 10, 1));
+  if (what == "repeat-bye") requests.push_back(TransferOf(1, 64, 4096, wire::kMaxRepeat));
+  if (what == "transfer-bye") requests.push_back(TransferOf(1, 1024, 64 << 10, 64));
+  if (what == "many-requests")
+    for (uint32_t i = 1; i <= count; ++i) requests.push_back(TransferOf(i, 4, 4096, 1000));
+  for (const auto& r : requests)
+    if (!SendMessage(*p, r, deadline)) throw Error(p->last_error);
+  // The server WRITEs into an address nothing of ours is registered at, with a key we did
+  // not give out: those fail on its side. What we receive are its refusals, if any.
+  if (what == "big-requests" || what == "many-requests")
+    WaitFor(
+        *p, [&] { return false; }, Clock::now() + std::chrono::seconds(1));
+  if (what != "silent" && !SendMessage(*p, wire::Bye{}, deadline)) throw Error(p->last_error);
+  WaitFor(
+      *p, [&] { return false; }, Clock::now() + std::chrono::milliseconds(300));
+  std::printf("%s: sent %zu requests%s; server said: %s\n", what.c_str(), requests.size(),
+              what == "silent" ? ", then nothing" : " and BYE",
+              p->last_text.empty() ? "(nothing)" : p->last_text.c_str());
+  if (what == "silent") std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+  Leave(0);
+}
+// every malformed message, then a good CONNECT and its own
+void Attack::MalformedMessages() {
+  auto p = Open(options, server, true);
+  size_t sent = 0;
+  for (auto& [name, bytes] : Malformed(*p)) {
+    if (Send(*p, bytes, deadline)) ++sent;
+    WaitFor(
+        *p, [&] { return false; }, Clock::now() + std::chrono::milliseconds(20));
+  }
+  // The same breakages from a connected client, which the server answers with ERROR.
+  Connect(*p, ConnectOf(*p, 1 << 20), deadline);
+  const size_t before = p->received;
+  for (auto& [name, bytes] : Malformed(*p)) {
+    if (Send(*p, Stamped(*p, bytes), deadline)) ++sent;
+    WaitFor(
+        *p, [&] { return false; }, Clock::now() + std::chrono::milliseconds(20));
+  }
+  WaitFor(
+      *p, [&] { return false; }, Clock::now() + std::chrono::milliseconds(500));
+  if (!SendMessage(*p, wire::Bye{}, deadline)) throw Error(p->last_error);
+  std::printf("malformed: sent %zu messages (%zu kinds, twice), %zu answers\n", sent,
+              Malformed(*p).size(), p->received - before);
+  Leave(0);
+}
+void Attack::ClaimLane() {
+  // A CONNECT from an endpoint of our own whose lane is the victim's first lane, sent again
+  // and again as a client sends its own, for --seconds: answered, it would have the server
+  // write into the victim's region with the victim's keys.
+  auto addresses = ReadAddressList(victim);
+  auto p = Open(options, server, true);
+  wire::Connect c = ConnectOf(*p, 1 << 20, Respell(addresses[0], spelling, *p->info));
+  c.reply = p->Address();
+  common::ConnectRepeat again;
+  uint64_t sent = 0;
+  while (Clock::now() < deadline) {
+    if (again.Due()) sent += SendMessage(*p, c, deadline);
+    Poll(*p);
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  std::printf("claim-lane: sent %llu CONNECTs naming the victim's lane; %zu answers%s%s\n",
+              static_cast<unsigned long long>(sent), p->received,
+              p->last_text.empty() ? "" : ", the last: ", p->last_text.c_str());
+  Leave(0);
+}
+void Attack::StrangerWrite() {
+  // WRITEs into a victim's region from a process it never heard of, trying the keys a
+  // program that numbers its registrations would give out (0, 1, 2...) at offset 0 and at
+  // the second page. Each key from an endpoint of its own: a provider may close a
+  // connection over a bad key, and the next key must still get its chance. The provider
+  // enforces keys: with keys nobody can guess, none lands.
+  auto addresses = ReadAddressList(victim);
+  uint64_t tried = 0, done = 0, refused = 0;
+  std::string last;
+  for (uint64_t key = 0; key < count && Clock::now() < deadline; ++key) {
+    auto p = Open(options, server, false);
+    fi_addr_t target = FI_ADDR_UNSPEC;
+    if (fi_av_insert(p->av.get(), addresses[0].data(), 1, &target, 0, nullptr) != 1)
+      throw Error("victim address not accepted");
+    uint64_t posted = 0;
+    for (uint64_t offset : {uint64_t{0}, uint64_t{4096}}) {
+      ssize_t rc = -FI_EAGAIN;
+      // Over tcp with FI_DELIVERY_COMPLETE: the completion waits for the target's verdict,
+      // so a WRITE refused there fails here (without it, tcp completes one once it is in
+      // the socket). shm completes a WRITE only after its copy anyway (and 1.17's never
+      // completes one asked for with the flag).
+      iovec iov{p->buffer.data(), 4096};
+      void* desc = fi_mr_desc(p->mr.get());
+      fi_rma_iov rma{offset, 4096, key};
+      fi_msg_rma msg{};
+      msg.msg_iov = &iov;
+      msg.desc = &desc;
+      msg.iov_count = 1;
+      msg.addr = target;
+      msg.rma_iov = &rma;
+      msg.rma_iov_count = 1;
+      msg.context = &p->contexts[1 + posted];
+      msg.data = 1;
+      while (rc == -FI_EAGAIN && Clock::now() < deadline) {
+        rc = fi_writemsg(p->ep.get(), &msg,
+                         FI_REMOTE_CQ_DATA | (tcp ? FI_DELIVERY_COMPLETE : uint64_t{0}));
+        if (rc == -FI_EAGAIN) Poll(*p);
+      }
+      if (rc == 0) ++posted;
+    }
+    WaitFor(
+        *p, [&] { return p->sends + p->errors >= posted; },
+        std::min(deadline, Clock::now() + std::chrono::seconds(2)));
+    tried += posted;
+    done += p->sends;
+    refused += p->errors;
+    if (!p->last_error.empty()) last = p->last_error;
+  }
+  std::printf("stranger-write: %llu WRITEs tried, %llu done at our end, %llu refused%s%s\n",
+              static_cast<unsigned long long>(tried), static_cast<unsigned long long>(done),
+              static_cast<unsigned long long>(refused), last.empty() ? "" : ": ", last.c_str());
+  Leave(0);
+}
+
+const std::map<std::string, void (Attack::*)()> kCases = {
+    {"oversize", &Attack::Oversize},
+    {"connect-nowhere", &Attack::ConnectNowhere},
+    {"connect-fake-shm", &Attack::ConnectNowhere},
+    {"connect-reflect", &Attack::ConnectReflect},
+    {"connect-self", &Attack::ConnectSelf},
+    {"bye-then-big", &Attack::ByeThenBig},
+    {"transfer-die", &Attack::TransferDie},
+    {"connect-version", &Attack::ConnectVersion},
+    {"connect-die", &Attack::ConnectDie},
+    {"connect-exit", &Attack::ConnectDie},
+    {"stranger-bye", &Attack::StrangerBye},
+    {"forge-client", &Attack::ForgeClient},
+    {"deaf", &Attack::Deaf},
+    {"flood", &Attack::Flood},
+    {"big-requests", &Attack::Requests},
+    {"repeat-bye", &Attack::Requests},
+    {"transfer-bye", &Attack::Requests},
+    {"silent", &Attack::Requests},
+    {"many-requests", &Attack::Requests},
+    {"malformed", &Attack::MalformedMessages},
+    {"claim-lane", &Attack::ClaimLane},
+    {"stranger-write", &Attack::StrangerWrite},
+};
+
+int main(int argc, char** argv) {
+  Attack a;
   uint32_t stage = 7;
   CLI::App app{"A misbehaving client for the tests (see the header of hostile_peer.cpp)",
                "hostile_peer"};
-  AddOptions(app, options, kServeOptions);
-  app.add_option("case", what, "What to do")->required();
-  app.add_option("--count", count, "How many times (clients, messages, WRITEs)");
-  app.add_option("--seconds", seconds,
+  AddOptions(app, a.options, kServeOptions);
+  app.add_option("case", a.what, "What to do")->required();
+  app.add_option("--count", a.count, "How many times (clients, messages, WRITEs)");
+  app.add_option("--seconds", a.seconds,
                  "Bound of every loop (getting in, the first SEND and an answered CONNECT, gets "
                  "at least 30 s more)");
-  app.add_option("--hold", hold, "flood: seconds its clients stay after the answers");
-  app.add_option("--victim", victim,
+  app.add_option("--hold", a.hold, "flood: seconds its clients stay after the answers");
+  app.add_option("--victim", a.victim,
                  "stranger-write, forge-client, claim-lane: a file with the victim's addresses");
-  app.add_option("--spelling", spelling,
+  app.add_option("--spelling", a.spelling,
                  "claim-lane: how the victim's lane is written: same, bare (shm: no fi_shm://), "
                  "scheme (shm: fi_ns://), tail (shm: bytes after the NUL; tcp: sin_zero set)");
   app.add_option("--stage", stage,
@@ -383,405 +829,15 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 7));
   if (int rc = ParseCommandLine(app, argc, argv); rc >= 0) return rc;
   return RunProgram("hostile_peer", [&]() -> int {
+    const auto run = kCases.find(a.what);
+    if (run == kCases.end()) throw UsageError("unknown case '" + a.what + "'");
     wire::SetOwnStage(stage);
     setvbuf(stdout, nullptr, _IOLBF, 0);
-    const std::vector<uint8_t> server = FromHex(options.peer);
-    Clock::time_point deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                                    std::chrono::duration<double>(seconds));
-    const bool tcp = CanonicalProvider(options.provider).rfind("tcp", 0) == 0;
-
-    if (what == "oversize") {  // one SEND far over the receive buffers, before any CONNECT
-      auto p = Open(options, server, false);
-      std::vector<uint8_t> big(kBig, 0x5a);
-      if (!Send(*p, big, deadline)) throw Error("could not post: " + p->last_error);
-      WaitFor(
-          *p, [&] { return p->sends + p->errors > 0; }, deadline);
-      std::printf("sent %zu bytes: %s\n", big.size(),
-                  p->errors  ? p->last_error.c_str()
-                  : p->sends ? "completed"
-                             : "no completion");
-      Leave(0);
-    }
-    if (what == "connect-nowhere" || what == "connect-fake-shm") {
-      // A CONNECT whose lane 0 names an address where nothing listens: the server's answer
-      // can never be delivered.
-      auto p = Open(options, server, true);
-      std::vector<uint8_t> address;
-      if (what == "connect-fake-shm") {
-        const std::string name = "fi_shm://fake0";
-        address.assign(name.begin(), name.end());
-        address.push_back(0);
-      } else if (tcp) {
-        address = p->Address();   // a sockaddr_in: keep the family, point it at port 40000 of
-        address[2] = 40000 >> 8;  // this host, where nothing listens
-        address[3] = 40000 & 0xff;
-      } else {
-        const std::string name = "fi_shm://" + std::to_string(getpid()) + ":nobody";
-        address.assign(name.begin(), name.end());
-        address.push_back(0);
-      }
-      // Each CONNECT names an address of its own (the next port; "-N" after the shm name),
-      // so that the server's AV takes a new entry for each (over shm, a name without a file in
-      // /dev/shm: the server refuses it before its AV).
-      std::vector<uint8_t> first = address;
-      const Clock::time_point start = Clock::now();
-      for (uint64_t i = 0; i < count; ++i) {
-        std::vector<uint8_t> named = address;
-        if (what == "connect-nowhere" && tcp) {
-          const unsigned port = 40000 + static_cast<unsigned>(i % 20000);
-          named[2] = static_cast<uint8_t>(port >> 8);
-          named[3] = static_cast<uint8_t>(port & 0xff);
-        } else if (what == "connect-nowhere" && i > 0) {
-          named.pop_back();
-          for (char c : "-" + std::to_string(i)) named.push_back(static_cast<uint8_t>(c));
-          named.push_back(0);
-        }
-        if (!SendMessage(*p, ConnectOf(*p, 1 << 20, named), deadline))
-          throw Error("could not send CONNECT: " + p->last_error);
-        if (i == 0) deadline += Clock::now() - start;  // getting in is not the attack
-      }
-      WaitFor(
-          *p, [&] { return p->sends >= count; }, deadline);
-      std::printf("sent %llu CONNECTs naming %s%s\n", static_cast<unsigned long long>(count),
-                  ToHex(first).c_str(), count > 1 ? " and the next ones" : "");
-      Leave(0);
-    }
-    if (what == "connect-reflect") {
-      // CONNECTs that name other endpoints of ours, victims that never spoke to the server,
-      // sent as a client sends its own (again and again for --seconds, as if unanswered).
-      // A server that answered them would make anyone its sender of messages to anyone. The
-      // victims (--count of them, each named by CONNECTs of its own) listen all along and
-      // count what reaches them.
-      auto p = Open(options, server, true);
-      std::vector<std::unique_ptr<Peer>> victims;
-      for (uint64_t i = 0; i < count; ++i) victims.push_back(Open(options, server, true));
-      const Clock::time_point until =  // --seconds from here: opening them takes a while
-          Clock::now() +
-          std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
-      std::vector<wire::Connect> connects;
-      for (auto& v : victims) connects.push_back(ConnectOf(*p, 1 << 20, v->Address()));
-      common::ConnectRepeat again;
-      uint64_t sent = 0;
-      for (bool first = true; Clock::now() < until; first = false) {
-        if (first || again.Due())
-          for (const auto& c : connects) sent += SendMessage(*p, c, until);
-        Poll(*p);
-        for (auto& v : victims) Poll(*v);
-        std::this_thread::sleep_for(std::chrono::microseconds(200));
-      }
-      size_t reached = 0;
-      for (auto& v : victims) reached += v->received;
-      std::printf(
-          "connect-reflect: sent %llu CONNECTs naming %zu other endpoints; they received "
-          "%zu messages, the sender %zu\n",
-          static_cast<unsigned long long>(sent), victims.size(), reached, p->received);
-      Leave(0);
-    }
-    if (what == "connect-self") {
-      // A CONNECT whose every address is the server's own: answering it, the server would
-      // talk to itself, and answering those answers, for ever.
-      auto p = Open(options, server, true);
-      wire::Connect c = ConnectOf(*p, 1 << 20, server);
-      c.reply = server;
-      const Clock::time_point start = Clock::now();
-      for (uint64_t i = 0; i < count; ++i) {
-        if (!SendMessage(*p, c, deadline)) throw Error("could not send CONNECT: " + p->last_error);
-        if (i == 0) deadline += Clock::now() - start;  // getting in is not the attack
-      }
-      WaitFor(
-          *p, [&] { return p->sends >= count; }, deadline);
-      std::printf("sent %llu CONNECTs naming the server's own address\n",
-                  static_cast<unsigned long long>(count));
-      Leave(0);
-    }
-    if (what == "bye-then-big") {
-      // Connects, says BYE, waits until the server has forgotten it (--hold seconds), then
-      // sends a TRANSFER longer than shm's inline messages (2000 pages: 8 KiB) from the same
-      // endpoint: the server's AV no longer knows it (libfabric 1.17's shm once crashed there).
-      auto p = Open(options, server, true);
-      if (!Connect(*p, ConnectOf(*p, 64 << 20), deadline))
-        throw Error("no answer to CONNECT from the server");
-      if (!SendMessage(*p, wire::Bye{}, deadline)) throw Error(p->last_error);
-      WaitFor(
-          *p, [&] { return false; },
-          Clock::now() +
-              std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(hold)));
-      uint64_t sent = 0;
-      for (uint64_t i = 0; i < count; ++i)
-        sent += SendMessage(*p, TransferOf(1, 2000, 4096, 1), deadline);
-      WaitFor(
-          *p, [&] { return false; }, Clock::now() + std::chrono::milliseconds(500));
-      std::printf("bye-then-big: sent %llu TRANSFERs of 2000 pages after BYE\n",
-                  static_cast<unsigned long long>(sent));
-      Leave(0);
-    }
-    if (what == "transfer-die") {
-      // Connects, sends a TRANSFER longer than shm's inline size and dies at once, before the
-      // server has read it: shm then copies it from a process that is gone.
-      auto p = Open(options, server, true);
-      RegisterRegion(*p, 64 << 20);
-      if (!Connect(*p, ConnectOf(*p, 64 << 20), deadline))
-        throw Error("no answer to CONNECT from the server");
-      for (uint64_t i = 0; i < count; ++i)
-        SendMessage(*p, TransferOf(static_cast<uint32_t>(i + 1), 2000, 4096, 1), deadline);
-      std::printf("transfer-die: sent %llu TRANSFERs of 2000 pages, dying\n",
-                  static_cast<unsigned long long>(count));
-      std::fflush(stdout);
-      kill(getpid(), SIGKILL);
-    }
-    if (what == "connect-version") {
-      // A CONNECT of the next wire version, as a client of a later release sends: the server
-      // refuses it by name, from the fields every version keeps in place.
-      auto p = Open(options, server, true);
-      std::vector<uint8_t> bytes = wire::Encode(ConnectOf(*p, 1 << 20), p->nonce);
-      const uint16_t next = wire::kVersion + 1;
-      std::memcpy(bytes.data() + offsetof(wire::Header, version), &next, sizeof(next));
-      const Clock::time_point setup = SetupDeadline(deadline);
-      common::ConnectRepeat again;
-      while (p->received == 0 && Clock::now() < setup) {
-        if (again.Due() && !Send(*p, bytes, setup)) throw Error(p->last_error);
-        Poll(*p);
-        std::this_thread::sleep_for(std::chrono::microseconds(200));
-      }
-      std::printf("connect-version: sent a CONNECT of wire version %u; %zu answers%s%s\n",
-                  unsigned{next}, p->received,
-                  p->last_text.empty() ? "" : ", the last: ", p->last_text.c_str());
-      Leave(0);
-    }
-    if (what == "connect-die" || what == "connect-exit") {
-      // A CONNECT, then gone at once, before any answer: dead (SIGKILL), or closing its
-      // endpoint and exiting. The server's ACCEPT goes to an endpoint that is gone, and over
-      // shm the CONNECT may be read from a region that is.
-      auto p = Open(options, server, true);
-      RegisterRegion(*p, 1 << 20);
-      if (!SendMessage(*p, ConnectOf(*p, 1 << 20), deadline)) throw Error(p->last_error);
-      std::printf("%s: sent a CONNECT, leaving\n", what.c_str());
-      std::fflush(stdout);
-      if (what == "connect-die") kill(getpid(), SIGKILL);
-      p.reset();  // its endpoint closed, as a program that exits does
-      Leave(0);
-    }
-    if (what == "stranger-bye") {
-      // A process that never connected sends BYE, a TRANSFER and a malformed message, --count
-      // times: none may be credited to a connected client (shm in libfabric 1.17 names a
-      // connected peer as their source).
-      auto p = Open(options, server, false);
-      // The first one may wait for rxm's tcp connection: set-up time, not the attack's.
-      const Clock::time_point start = Clock::now();
-      uint64_t sent = SendMessage(*p, wire::Bye{}, deadline);
-      deadline += Clock::now() - start;
-      for (uint64_t i = 0; i < count && Clock::now() < deadline; ++i) {
-        sent += SendMessage(*p, wire::Bye{}, deadline);
-        sent += SendMessage(*p, TransferOf(1, 2000, 4096, 1), deadline);
-        sent += Send(*p, std::vector<uint8_t>(64, 0x5a), deadline);
-        WaitFor(
-            *p, [&] { return false; }, Clock::now() + std::chrono::milliseconds(50));
-      }
-      std::printf("stranger-bye: sent %llu messages without ever connecting\n",
-                  static_cast<unsigned long long>(sent));
-      Leave(0);
-    }
-    if (what == "forge-client") {
-      // Messages to a 07 client's control endpoint (the last address of its --address-file)
-      // that its server never sent: random bytes, a well-formed ERROR and DONE, each --count
-      // times. The client must finish its transfer as if none had come.
-      auto addresses = ReadAddressList(victim);
-      auto p = Open(options, addresses.back(), false);
-      uint64_t sent = 0;
-      for (uint64_t i = 0; i < count && Clock::now() < deadline; ++i) {
-        std::vector<uint8_t> noise(48);
-        for (auto& b : noise) b = static_cast<uint8_t>(wire::NewToken());
-        sent += Send(*p, noise, deadline);
-        sent += SendMessage(*p, wire::ErrorReply{1, "forged by a stranger"}, deadline);
-        sent += SendMessage(*p, wire::Done{1, 1, 1, 5531000000000ull, 0}, deadline);
-        WaitFor(
-            *p, [&] { return false; }, Clock::now() + std::chrono::milliseconds(20));
-      }
-      std::printf("forge-client: sent %llu forged messages\n",
-                  static_cast<unsigned long long>(sent));
-      Leave(0);
-    }
-    if (what == "deaf") {
-      // Connects, then never posts a receive again and never reads a completion, while
-      // asking for pages outside its region: every answer the server sends finds no buffer.
-      auto p = Open(options, server, true);
-      if (!Connect(*p, ConnectOf(*p, 4096), deadline)) throw Error("no ACCEPT from the server");
-      uint64_t sent = 0;
-      for (; sent < count && Clock::now() < deadline; ++sent) {
-        auto bytes =
-            wire::Encode(TransferOf(static_cast<uint32_t>(sent + 1), 4, 1 << 20, 1), p->session);
-        std::memcpy(p->buffer.data(), bytes.data(), bytes.size());
-        ssize_t rc = -FI_EAGAIN;
-        while (rc == -FI_EAGAIN && Clock::now() < deadline)
-          rc = fi_send(p->ep.get(), p->buffer.data(), bytes.size(), fi_mr_desc(p->mr.get()),
-                       p->server, &p->contexts[1 + sent % 60]);
-        if (rc != 0) break;
-      }
-      std::printf("sent %llu refused TRANSFERs without reading a completion\n",
-                  static_cast<unsigned long long>(sent));
-      std::this_thread::sleep_for(std::chrono::duration<double>(std::min(seconds, 1.0)));
-      Leave(0);
-    }
-    if (what == "flood") {  // --count clients connect and stay, from endpoints of their own
-      // All endpoints first, then the CONNECTs back to back: opening one can take a while
-      // (tcp), and the server must see the whole flood while its first clients are in.
-      // (All --count of them, deadline or not: the tests count them, and opening one is
-      // bounded; on a loaded host a tcp endpoint can take a second.)
-      std::vector<std::unique_ptr<Peer>> peers;
-      for (uint64_t i = 0; i < count; ++i) peers.push_back(Open(options, server, true));
-      // The exchange gets --seconds of its own, counted once every endpoint is open.
-      const Clock::time_point answered_by =
-          Clock::now() +
-          std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
-      for (auto& p : peers) SendMessage(*p, ConnectOf(*p, 1 << 20), answered_by);
-      size_t accepted = 0, refused = 0;
-      std::string refusal;
-      for (auto& p : peers) {
-        AwaitAnswer(*p, ConnectOf(*p, 1 << 20), 0, answered_by);
-        if (p->last_text == "ACCEPT") {
-          ++accepted;
-        } else if (!p->last_text.empty()) {
-          ++refused;
-          if (refusal.empty()) refusal = p->last_text;
-        }
-      }
-      std::printf("flood: %zu clients, %zu accepted, %zu refused%s%s\n", peers.size(), accepted,
-                  refused, refused ? ": " : "", refusal.c_str());
-      std::fflush(stdout);
-      std::this_thread::sleep_for(std::chrono::duration<double>(hold));
-      Leave(0);
-    }
-    if (what == "big-requests" || what == "repeat-bye" || what == "transfer-bye" ||
-        what == "silent" || what == "many-requests") {
-      auto p = Open(options, server, true);
-      const bool big = what == "big-requests";
-      const uint64_t region = big ? (4ull << 30) : (64ull << 20);
-      if (!big) RegisterRegion(*p, region);  // a real one: its WRITEs land and complete
-      if (!Connect(*p, ConnectOf(*p, region, {}, big ? (3ull << 30) : (1 << 20)), deadline))
-        throw Error("no answer to CONNECT from the server");
-      if (p->last_text != "ACCEPT") {  // 07 weighs the memory asked for at CONNECT
-        std::printf("%s: refused at CONNECT: %s\n", what.c_str(), p->last_text.c_str());
-        Leave(0);
-      }
-      std::vector<wire::Transfer> requests;
-      if (what == "big-requests")  // three requests of 1 GiB: 8192 pages of 128 KiB
-        for (uint32_t i = 1; i <= 3; ++i) requests.push_back(TransferOf(i, 8192, 128 << 10, 1));
-      if (what == "repeat-bye") requests.push_back(TransferOf(1, 64, 4096, wire::kMaxRepeat));
-      if (what == "transfer-bye") requests.push_back(TransferOf(1, 1024, 64 << 10, 64));
-      if (what == "many-requests")
-        for (uint32_t i = 1; i <= count; ++i) requests.push_back(TransferOf(i, 4, 4096, 1000));
-      for (const auto& r : requests)
-        if (!SendMessage(*p, r, deadline)) throw Error(p->last_error);
-      // The server WRITEs into an address nothing of ours is registered at, with a key we did
-      // not give out: those fail on its side. What we receive are its refusals, if any.
-      if (what == "big-requests" || what == "many-requests")
-        WaitFor(
-            *p, [&] { return false; }, Clock::now() + std::chrono::seconds(1));
-      if (what != "silent" && !SendMessage(*p, wire::Bye{}, deadline)) throw Error(p->last_error);
-      WaitFor(
-          *p, [&] { return false; }, Clock::now() + std::chrono::milliseconds(300));
-      std::printf("%s: sent %zu requests%s; server said: %s\n", what.c_str(), requests.size(),
-                  what == "silent" ? ", then nothing" : " and BYE",
-                  p->last_text.empty() ? "(nothing)" : p->last_text.c_str());
-      if (what == "silent") std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
-      Leave(0);
-    }
-    if (what == "malformed") {  // every malformed message, then a good CONNECT and its own
-      auto p = Open(options, server, true);
-      size_t sent = 0;
-      for (auto& [name, bytes] : Malformed(*p)) {
-        if (Send(*p, bytes, deadline)) ++sent;
-        WaitFor(
-            *p, [&] { return false; }, Clock::now() + std::chrono::milliseconds(20));
-      }
-      // The same breakages from a connected client, which the server answers with ERROR.
-      Connect(*p, ConnectOf(*p, 1 << 20), deadline);
-      const size_t before = p->received;
-      for (auto& [name, bytes] : Malformed(*p)) {
-        if (Send(*p, Stamped(*p, bytes), deadline)) ++sent;
-        WaitFor(
-            *p, [&] { return false; }, Clock::now() + std::chrono::milliseconds(20));
-      }
-      WaitFor(
-          *p, [&] { return false; }, Clock::now() + std::chrono::milliseconds(500));
-      if (!SendMessage(*p, wire::Bye{}, deadline)) throw Error(p->last_error);
-      std::printf("malformed: sent %zu messages (%zu kinds, twice), %zu answers\n", sent,
-                  Malformed(*p).size(), p->received - before);
-      Leave(0);
-    }
-    if (what == "claim-lane") {
-      // A CONNECT from an endpoint of our own whose lane is the victim's first lane, sent again
-      // and again as a client sends its own, for --seconds: answered, it would have the server
-      // write into the victim's region with the victim's keys.
-      auto addresses = ReadAddressList(victim);
-      auto p = Open(options, server, true);
-      wire::Connect c = ConnectOf(*p, 1 << 20, Respell(addresses[0], spelling, *p->info));
-      c.reply = p->Address();
-      common::ConnectRepeat again;
-      uint64_t sent = 0;
-      while (Clock::now() < deadline) {
-        if (again.Due()) sent += SendMessage(*p, c, deadline);
-        Poll(*p);
-        std::this_thread::sleep_for(std::chrono::microseconds(200));
-      }
-      std::printf("claim-lane: sent %llu CONNECTs naming the victim's lane; %zu answers%s%s\n",
-                  static_cast<unsigned long long>(sent), p->received,
-                  p->last_text.empty() ? "" : ", the last: ", p->last_text.c_str());
-      Leave(0);
-    }
-    if (what == "stranger-write") {
-      // WRITEs into a victim's region from a process it never heard of, trying the keys a
-      // program that numbers its registrations would give out (0, 1, 2...) at offset 0 and at
-      // the second page. Each key from an endpoint of its own: a provider may close a
-      // connection over a bad key, and the next key must still get its chance. The provider
-      // enforces keys: with keys nobody can guess, none lands.
-      auto addresses = ReadAddressList(victim);
-      uint64_t tried = 0, done = 0, refused = 0;
-      std::string last;
-      for (uint64_t key = 0; key < count && Clock::now() < deadline; ++key) {
-        auto p = Open(options, server, false);
-        fi_addr_t target = FI_ADDR_UNSPEC;
-        if (fi_av_insert(p->av.get(), addresses[0].data(), 1, &target, 0, nullptr) != 1)
-          throw Error("victim address not accepted");
-        uint64_t posted = 0;
-        for (uint64_t offset : {uint64_t{0}, uint64_t{4096}}) {
-          ssize_t rc = -FI_EAGAIN;
-          // Over tcp with FI_DELIVERY_COMPLETE: the completion waits for the target's verdict,
-          // so a WRITE refused there fails here (without it, tcp completes one once it is in
-          // the socket). shm completes a WRITE only after its copy anyway (and 1.17's never
-          // completes one asked for with the flag).
-          iovec iov{p->buffer.data(), 4096};
-          void* desc = fi_mr_desc(p->mr.get());
-          fi_rma_iov rma{offset, 4096, key};
-          fi_msg_rma msg{};
-          msg.msg_iov = &iov;
-          msg.desc = &desc;
-          msg.iov_count = 1;
-          msg.addr = target;
-          msg.rma_iov = &rma;
-          msg.rma_iov_count = 1;
-          msg.context = &p->contexts[1 + posted];
-          msg.data = 1;
-          while (rc == -FI_EAGAIN && Clock::now() < deadline) {
-            rc = fi_writemsg(p->ep.get(), &msg,
-                             FI_REMOTE_CQ_DATA | (tcp ? FI_DELIVERY_COMPLETE : uint64_t{0}));
-            if (rc == -FI_EAGAIN) Poll(*p);
-          }
-          if (rc == 0) ++posted;
-        }
-        WaitFor(
-            *p, [&] { return p->sends + p->errors >= posted; },
-            std::min(deadline, Clock::now() + std::chrono::seconds(2)));
-        tried += posted;
-        done += p->sends;
-        refused += p->errors;
-        if (!p->last_error.empty()) last = p->last_error;
-      }
-      std::printf("stranger-write: %llu WRITEs tried, %llu done at our end, %llu refused%s%s\n",
-                  static_cast<unsigned long long>(tried), static_cast<unsigned long long>(done),
-                  static_cast<unsigned long long>(refused), last.empty() ? "" : ": ", last.c_str());
-      Leave(0);
-    }
-    throw UsageError("unknown case '" + what + "'");
+    a.server = FromHex(a.options.peer);
+    a.deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                    std::chrono::duration<double>(a.seconds));
+    a.tcp = CanonicalProvider(a.options.provider).rfind("tcp", 0) == 0;
+    (a.*run->second)();  // each case ends the process
+    return kExitFailure;
   });
 }
