@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <map>
 #include <mutex>
@@ -806,14 +807,14 @@ wire::Engine EngineFromOptions(const Options& options) {
   e.window = static_cast<uint32_t>(options.window);
   return e;
 }
-// --ladder: the published journey's rungs, each optimization switched on in turn over the
-// one before, one session each; then two of ours the published table did not have.
-int RunLadder(const Options& options, std::span<const uint8_t> peer) {
-  struct Rung {
-    std::string name;
-    bool warm;
-    wire::Engine engine;
-  };
+// The ladder: the published journey's rungs, each optimization switched on in turn over the
+// one before; then two of ours the published table did not have.
+struct Rung {
+  std::string name;
+  bool warm;
+  wire::Engine engine;
+};
+std::vector<Rung> LadderRungs(const Options& options) {
   wire::Engine e;
   e.threads = 1;
   e.window = static_cast<uint32_t>(options.window);
@@ -835,19 +836,87 @@ int RunLadder(const Options& options, std::span<const uint8_t> peer) {
   e.doorbell = static_cast<uint32_t>(options.doorbell);
   rungs.push_back(
       {"+ one doorbell per " + std::to_string(options.doorbell) + " WRITEs (FI_MORE)", true, e});
-
+  return rungs;
+}
+// --repeat for runs of at least --min-seconds: one calibration session at the fastest rung
+// (every switch on), so that slower rungs run longer still. Its rate is the server's own WRITE
+// time (first posted to last completed), not the client's clock, which also holds the
+// request's round trip and the server filling its pages, on a p5 far longer than the WRITEs.
+uint64_t CalibratedRepeat(const Options& options, std::span<const uint8_t> peer,
+                          const Rung& fastest) {
+  const Summary s = RunSession(options, peer, fastest.engine, fastest.warm, true);
+  const double writing = s.server_seconds > 0 ? s.server_seconds : s.seconds;
+  uint64_t repeat = options.repeat;
+  if (writing < options.min_seconds) {
+    const double wanted = std::ceil(static_cast<double>(options.repeat) * 1.5 *
+                                    options.min_seconds / std::max(writing, 1e-6));
+    repeat = static_cast<uint64_t>(std::min(wanted, static_cast<double>(wire::kMaxRepeat)));
+  }
+  std::printf(
+      "ladder: calibration at the fastest rung: %.3f Gbps, WRITEs for %.4f s at --repeat "
+      "%llu; every run at --repeat %llu\n",
+      Gbps(s.bytes, s.seconds), writing, static_cast<unsigned long long>(options.repeat),
+      static_cast<unsigned long long>(repeat));
+  if (repeat == wire::kMaxRepeat)
+    std::printf(
+        "warning: --repeat is at its limit (%llu): runs may be shorter than "
+        "--min-seconds; ask for more --pages\n",
+        static_cast<unsigned long long>(wire::kMaxRepeat));
+  return repeat;
+}
+// One table row (and record) per rung: the median run's figures, the runs' range and the
+// verdict against the rung below.
+Summary RungSummary(std::vector<Summary> runs, const std::vector<double>& below) {
+  std::vector<double> rates;
+  for (const auto& r : runs) rates.push_back(Gbps(r.bytes, r.seconds));
+  std::sort(runs.begin(), runs.end(), [](const Summary& a, const Summary& b) {
+    return Gbps(a.bytes, a.seconds) < Gbps(b.bytes, b.seconds);
+  });
+  Summary s = runs[(runs.size() - 1) / 2];  // the median run (the lower middle of an even count)
+  s.runs = static_cast<int>(runs.size());
+  s.gbps_min = *std::min_element(rates.begin(), rates.end());
+  s.gbps_max = *std::max_element(rates.begin(), rates.end());
+  if (!below.empty()) s.verdict = RunsVerdict(below, rates);
+  return s;
+}
+int RunLadder(const Options& given, std::span<const uint8_t> peer) {
+  std::vector<Rung> rungs = LadderRungs(given);
+  Options options = given;
+  const size_t sessions = (given.min_seconds > 0 ? 1 : 0) + rungs.size() * given.runs;
+  std::printf("ladder: %zu rungs, %llu run%s each%s: %zu sessions at the server\n", rungs.size(),
+              static_cast<unsigned long long>(given.runs), given.runs == 1 ? "" : "s",
+              given.min_seconds > 0 ? ", after a calibration session" : "", sessions);
+  if (given.min_seconds > 0) {
+    options.repeat = CalibratedRepeat(given, peer, rungs.back());
+    ThisRun().repeat = options.repeat;  // what the records name
+  }
+  std::vector<double> below;
   for (size_t i = 0; i < rungs.size(); ++i) {
-    Summary s = RunSession(options, peer, rungs[i].engine, rungs[i].warm, i == 0);
-    if (i == 0) {
-      rungs[0].name = std::to_string(s.lanes) + " " + rungs[0].name;
-      std::printf("| step | Gbps | %% of link | Mpps |\n|---|---:|---:|---:|\n");
+    std::vector<Summary> runs;
+    std::vector<double> rates;
+    for (uint64_t n = 0; n < options.runs; ++n) {
+      runs.push_back(RunSession(options, peer, rungs[i].engine, rungs[i].warm,
+                                i == 0 && n == 0 && given.min_seconds == 0));
+      rates.push_back(Gbps(runs.back().bytes, runs.back().seconds));
+      std::printf("ladder: %s, run %llu: %.3f Gbps in %.3f s\n", rungs[i].name.c_str(),
+                  static_cast<unsigned long long>(n + 1), rates.back(), runs.back().seconds);
     }
+    if (i == 0) {
+      rungs[0].name = std::to_string(runs[0].lanes) + " " + rungs[0].name;
+      std::printf(
+          "| step | Gbps (median) | range | %% of link | Mpps | runs | verdict |\n"
+          "|---|---:|---:|---:|---:|---:|---|\n");
+    }
+    Summary s = RungSummary(runs, i == 0 ? std::vector<double>{} : below);
+    below = rates;
     s.step = rungs[i].name;
     const double gbps = Gbps(s.bytes, s.seconds);
     char percent[32] = "-";  // unknown without a link rate (--link-gbps)
     if (s.link_gbps > 0) std::snprintf(percent, sizeof(percent), "%.1f", 100 * gbps / s.link_gbps);
-    std::printf("| %s | %.3f | %s | %.4f |\n", s.step.c_str(), gbps, percent,
-                s.seconds > 0 ? static_cast<double>(s.writes) / s.seconds / 1e6 : 0);
+    std::printf("| %s | %.3f | %.3f-%.3f | %s | %.4f | %d | %s |\n", s.step.c_str(), gbps,
+                s.gbps_min, s.gbps_max, percent,
+                s.seconds > 0 ? static_cast<double>(s.writes) / s.seconds / 1e6 : 0, s.runs,
+                s.verdict.empty() ? "-" : s.verdict.c_str());
     if (options.json) PrintSummary(s, true);
     std::fflush(stdout);
   }

@@ -110,20 +110,20 @@ static void AddSize(CLI::App& app, const std::string& names, uint64_t* value,
 }
 
 static void AddSeconds(CLI::App& app, const std::string& names, double* value,
-                       const std::string& help) {
+                       const std::string& help, bool zero = false) {
   std::string what = names.substr(names.rfind(',') + 1);
   auto* opt = app.add_option_function<std::string>(
       names,
-      [value, what](const std::string& text) {
+      [value, what, zero](const std::string& text) {
         size_t used = 0;
         double v = -1;
         try {
           v = std::stod(text, &used);
         } catch (const std::exception&) {
         }
-        if (used != text.size() || !(v > 0 && v <= 86400))
-          throw UsageError("invalid value '" + text + "' for " + what +
-                           " (seconds, more than 0 and at most 86400)");
+        if (used != text.size() || !((v > 0 || (zero && v == 0)) && v <= 86400))
+          throw UsageError("invalid value '" + text + "' for " + what + " (seconds, " +
+                           (zero ? "0" : "more than 0") + " to 86400)");
         *value = v;
       },
       help);
@@ -304,7 +304,15 @@ static void AddEngineOptions(CLI::App& app, Options& o) {
          "The server's memory is not bound to its threads' NUMA nodes (server: at start; "
          "client: asks)");
   app.add_flag("--ladder", o.ladder,
-               "Client: run once per rung of the optimization ladder, one table row each");
+               "Client: measure each rung of the optimization ladder, one table row each: "
+               "its runs' median, range and verdict against the rung below");
+  AddSize(app, "--runs", &o.runs, "Client: --ladder: timed runs per rung (a session each)", "N",
+          Range{1, 100});
+  AddSeconds(app, "--min-seconds", &o.min_seconds,
+             "Client: --ladder: each run at least this long, its --repeat sized by a "
+             "calibration session at the fastest rung first (0: --repeat as given, no "
+             "calibration)",
+             true);
   app.add_option("--test-claim", o.test_claim,
                  "Test only: CONNECT with the lane addresses in this file (another client's, "
                  "written by its --address-file); the server must refuse")

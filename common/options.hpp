@@ -70,6 +70,8 @@ struct Options {
   bool lazy = true;        // --eager-post
   bool numa = true;        // --no-numa
   bool ladder = false;
+  uint64_t runs = 3;           // --ladder: timed runs per rung
+  double min_seconds = 1;      // --ladder: each run at least this long (0: as --repeat says)
   double peer_timeout_s = 10;  // server: a connected client silent this long is dropped (03 on)
   bool check = false;          // 07 --check: the preflight of this host instead of a run
   // Test-only switches, to prove that errors are caught.
@@ -107,7 +109,8 @@ void AddOptions(CLI::App& app, Options& options, unsigned groups);
 // starts (--start-at), named for error messages. The engine's shape (--threads, --no-pin,
 // --no-shard, --no-numa) is the server's at start, and what a client asks for.
 inline constexpr const char* kEngineOptionNames[] = {
-    "--no-warmup", "-w", "--batch", "--doorbell", "--eager-post", "--ladder", "-W", "--start-at"};
+    "--no-warmup", "-w",     "--batch",       "--doorbell", "--eager-post",
+    "--ladder",    "--runs", "--min-seconds", "-W",         "--start-at"};
 
 int ParseCommandLine(CLI::App& app, int argc, char** argv);
 

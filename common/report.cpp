@@ -53,10 +53,13 @@ JsonRecord::JsonRecord(const char* record) : text_("{\"record\":\"" + JsonText(r
 std::string JsonRecord::Quote(const std::string& text) {
   return "\"" + JsonText(text) + "\"";
 }
-JsonRecord& JsonRecord::Add(const char* key, double value, int digits) {
+static std::string JsonNumber(double value, int digits) {
   char number[64];
   std::snprintf(number, sizeof(number), "%.*f", digits, value);
-  return AddRaw(key, number);
+  return number;
+}
+JsonRecord& JsonRecord::Add(const char* key, double value, int digits) {
+  return AddRaw(key, JsonNumber(value, digits));
 }
 JsonRecord& JsonRecord::Add(const char* key, uint64_t value) {
   return AddRaw(key, std::to_string(value));
@@ -98,8 +101,13 @@ static std::string SummaryRecord(const Summary& s) {
   count_or_null("requests", run.requests);
   r.Add("lanes", static_cast<uint64_t>(s.lanes));
   count_or_null("threads", static_cast<uint64_t>(s.receiver_threads));
-  r.Add("runs", uint64_t{1});
+  r.Add("runs", static_cast<uint64_t>(s.runs));
   text_or_null("step", s.step);
+  if (s.gbps_min >= 0)
+    r.AddRaw("gbps_range", "[" + JsonNumber(s.gbps_min, 3) + "," + JsonNumber(s.gbps_max, 3) + "]");
+  else
+    r.AddNull("gbps_range");
+  text_or_null("verdict", s.verdict);
   r.Add("bytes", s.bytes).Add("writes", s.writes).Add("seconds", s.seconds);
   r.Add("server_seconds", s.server_seconds).Add("gbps", gbps, 3);
   if (s.link_gbps > 0)
@@ -133,6 +141,13 @@ static std::string SummaryRecord(const Summary& s) {
   seconds_or_null("main_cpu_seconds", s.main_cpu_seconds);
   seconds_or_null("receiver_cpu_seconds", s.main_cpu_seconds >= 0 ? s.receiver_cpu_seconds : -1);
   return r.Text();
+}
+
+std::string RunsVerdict(const std::vector<double>& below, const std::vector<double>& runs) {
+  if (below.size() < 3 || runs.size() < 3) return "too few runs";
+  const auto [low, high] = std::minmax_element(runs.begin(), runs.end());
+  const auto [below_low, below_high] = std::minmax_element(below.begin(), below.end());
+  return *low > *below_high ? "gain" : *high < *below_low ? "loss" : "no change";
 }
 
 std::string FormatSummary(const Summary& s, bool json) {

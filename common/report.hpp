@@ -40,9 +40,14 @@ struct Summary {
   double link_gbps = 0;              // theoretical rate; 0 when unknown
   uint64_t verified_bytes = 0;       // distinct bytes checked against the seed's data
   int lanes = 1;
-  std::string memory = "host";    // host, cuda-direct, cuda-staged, cuda-vmm-direct, ...
-  std::string memory_why;         // how GPU memory moves (direct), or why it is staged
-  std::string step;               // 07 --ladder: which rung of the ladder this is
+  std::string memory = "host";  // host, cuda-direct, cuda-staged, cuda-vmm-direct, ...
+  std::string memory_why;       // how GPU memory moves (direct), or why it is staged
+  std::string step;             // 07 --ladder: which rung of the ladder this is
+  // 07 --ladder: a rung's record is its median run's, with the runs' count and Gbps range and
+  // the verdict against the rung below ("": none); a single run is 1 run and no range.
+  int runs = 1;
+  double gbps_min = -1, gbps_max = -1;
+  std::string verdict;
   uint64_t ignored_messages = 0;  // messages dropped as not our server's (common/mailbox.hpp)
   // 07: CPU time by thread role, so that a thread that should only wait and spins shows
   // (negative: not measured): the main thread's while the transfer was timed (it only watches),
@@ -112,6 +117,12 @@ void PrintRecord(const JsonRecord& record);
 // A server's record of a client's session, as its last line says it ("done", "lost: why"):
 // stage, provider, fabric, client and how it ended; the caller adds writes, bytes and engine.
 JsonRecord SessionRecord(uint64_t client, const std::string& ended);
+
+// A ladder rung's verdict against the rung below from their runs' figures, higher better:
+// "gain" when every run beats every run below (the ranges do not overlap), "loss" when every
+// run is worse, "no change" when the ranges overlap, "too few runs" under 3 on either side
+// (the rule of scripts/benchlib.py's runs_verdict).
+std::string RunsVerdict(const std::vector<double>& below, const std::vector<double>& runs);
 
 std::string FormatSummary(const Summary& s, bool json);
 void PrintSummary(const Summary& s, bool json);

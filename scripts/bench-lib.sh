@@ -66,7 +66,8 @@ tx_bytes() {  # host nic
 # run STAGE "server args" "client args": a server in host A for one client, the client in
 # host B with --json; prints what the client printed. Needs $build and $tmp. With
 # PROGRAM_CPUS set (e.g. 0), both programs run on those CPUs only (taskset); the server
-# serves MAX_CLIENTS clients (default 1; a --ladder client is one per rung).
+# serves MAX_CLIENTS clients (default 1; a --ladder client is a session per run, 9 with
+# --runs 1 --min-seconds 0).
 # shellcheck disable=SC2154  # build and tmp: the sourcing script's
 run() {
   local server_args=$2 client_args=$3 bin="$build/$1/$1"

@@ -185,7 +185,8 @@ TEST_P(Engine, EverySwitchOfTheLadderDoesWhatItSays) {
   EXPECT_EQ(NumberAfter(off.out, "verified "), 40LL * 16384 * 2);
 
   Result ladder = RunClient(kStage, provider(), server.address(),
-                            Small(40, {"--nics", "2", "--threads", "2", "--ladder", "--json"}));
+                            Small(40, {"--nics", "2", "--threads", "2", "--ladder", "--runs", "1",
+                                       "--min-seconds", "0", "--json"}));
   ASSERT_EQ(ladder.exit_code, 0) << ladder.out << ladder.err;
   const char* rungs[] = {"2 lanes, one thread",
                          "+ warmup",
@@ -206,7 +207,8 @@ TEST_P(Engine, EverySwitchOfTheLadderDoesWhatItSays) {
     EXPECT_EQ(NumberAfter(ladder.out.substr(start), "\"verified_bytes\":"), 40LL * 16384 * 2)
         << rung;
   }
-  EXPECT_NE(ladder.err.find("| step | Gbps | % of link | Mpps |"), std::string::npos);
+  EXPECT_NE(ladder.err.find("| step | Gbps (median) | range | % of link | Mpps | runs | verdict |"),
+            std::string::npos);
   EXPECT_TRUE(OnlyJsonLines(ladder.out)) << ladder.out;  // one record per rung, nothing else
 
   Result done = server.Wait();
@@ -321,6 +323,49 @@ TEST_P(Engine, KilledClientIsCleanedUpWhileOthersFinish) {
   EXPECT_EQ(done.exit_code, 0) << done.err;
   EXPECT_NE(done.out.find("client 2 done: "), std::string::npos) << done.out;
   EXPECT_NE(done.out.find("client 3 done: "), std::string::npos) << done.out;
+}
+
+// --ladder as documented, smaller: a calibration session at the fastest rung sizes --repeat
+// for runs of --min-seconds, then --runs sessions a rung; a rung's record is its median run's,
+// with the runs' Gbps range and the verdict against the rung below.
+TEST_P(Engine, LadderMeasuresEachRungSeveralTimes) {
+  StageServer server(kStage, provider(), 1 + 9 * 3, {"--memory", "host"});
+  ASSERT_FALSE(server.address().empty());
+  Result ladder =
+      RunClient(kStage, provider(), server.address(),
+                Small(16, {"--ladder", "--runs", "3", "--min-seconds", "0.1", "--json"}));
+  ASSERT_EQ(ladder.exit_code, 0) << ladder.out << ladder.err;
+  EXPECT_NE(ladder.err.find("ladder: 9 rungs, 3 runs each, after a calibration session: 28 "
+                            "sessions at the server\n"),
+            std::string::npos)
+      << ladder.err;
+  const long long repeat = NumberAfter(ladder.err, "every run at --repeat ");
+  EXPECT_GT(repeat, 2) << ladder.err;  // 16 pages of 16 KiB take far less than 0.1 s
+  EXPECT_TRUE(OnlyJsonLines(ladder.out)) << ladder.out;
+  size_t rungs = 0;
+  for (size_t at = ladder.out.find("{\"record\":\"client\""); at != std::string::npos;
+       at = ladder.out.find("{\"record\":\"client\"", at + 1), ++rungs) {
+    const std::string json = ladder.out.substr(at, ladder.out.find('\n', at) - at);
+    EXPECT_EQ(NumberAfter(json, "\"runs\":"), 3) << json;
+    EXPECT_EQ(NumberAfter(json, "\"repeat\":"), repeat) << json;
+    EXPECT_EQ(NumberAfter(json, "\"verified_bytes\":"), 16LL * 16384 * 2) << json;
+    // The median run's rate lies within the runs' range.
+    const size_t range = json.find("\"gbps_range\":[");
+    ASSERT_NE(range, std::string::npos) << json;
+    size_t used = 0;
+    const double low = std::stod(json.substr(range + 14), &used);
+    const double high = std::stod(json.substr(range + 15 + used));
+    const double gbps = std::stod(json.substr(json.find("\"gbps\":") + 7));
+    EXPECT_LE(low, gbps) << json;
+    EXPECT_LE(gbps, high) << json;
+    const bool verdict = json.find("\"verdict\":\"gain\"") != std::string::npos ||
+                         json.find("\"verdict\":\"loss\"") != std::string::npos ||
+                         json.find("\"verdict\":\"no change\"") != std::string::npos;
+    EXPECT_EQ(verdict, rungs > 0) << json;  // the first rung has none below it
+  }
+  EXPECT_EQ(rungs, 9u) << ladder.out;
+  Result done = server.Wait();
+  EXPECT_EQ(done.exit_code, 0) << done.err;
 }
 
 // shm from libfabric 1.18 keeps one of a lane's commands (1024) per WRITE until its target

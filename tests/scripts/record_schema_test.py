@@ -85,11 +85,14 @@ for stage in ["04_concurrent", "05_queuing", "06_multi_nic", "07_full_p5"]:
         expect((r["engine"] is None) == (stage != "07_full_p5"), f"{stage}: engine {r['engine']}")
     print(f"{stage}: {len(clients)} client and {len(sessions)} session records, valid")
 
-# 07's ladder: a record per rung, each naming it, and a session per rung at the server.
-clients, sessions = run("07_full_p5", request + ["--ladder"], 9)
-expect(len(clients) == 9 and all(r["step"] for r in clients),
-       f"07 --ladder: {[r.get('step') for r in clients]}")
-expect(len(sessions) == 9, f"07 --ladder: {len(sessions)} sessions at the server, not 9")
+# 07's ladder: a record per rung, each naming it, with its runs' range and (past the first) a
+# verdict; at the server a session per run and the calibration's.
+clients, sessions = run("07_full_p5", request + ["--ladder", "--min-seconds", "0.05"], 28)
+expect(len(clients) == 9 and all(r["step"] and r["runs"] == 3 for r in clients),
+       f"07 --ladder: {[(r.get('step'), r.get('runs')) for r in clients]}")
+expect(all((r["verdict"] is None) == (i == 0) and r["gbps_range"][0] <= r["gbps"] <= r["gbps_range"][1]
+           for i, r in enumerate(clients)), f"07 --ladder: {[(r.get('gbps_range'), r.get('verdict')) for r in clients]}")
+expect(len(sessions) == 28, f"07 --ladder: {len(sessions)} sessions at the server, not 28")
 print(f"07_full_p5 --ladder: {len(clients)} rung records, {len(sessions)} sessions, valid")
 
 # The schema refuses what it must: a figure written as -1 for unknown, a missing field.

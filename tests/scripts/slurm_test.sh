@@ -100,14 +100,15 @@ grep -q '"verified_bytes":33554432' "$work/job.out" || fail "not every page veri
 grep -q "served 1 clients" "$work/job.out" || fail "the server did not end after its client"
 grep -q -- "--oob-port $oob_port 127.0.0.1 " "$work/job.out" || fail "the client did not ask the first node (NodeAddr)"
 
-# The documented default, no client arguments: --ladder, one session per rung, and the server
-# must stay for all of them (it once got --exit-after 1 and rung 2 found no server).
-BUILD_DIR=$build MEMORY=host PROVIDER=shm OOB_PORT=$oob_port timeout 300 sbatch --wait -N1 --ntasks-per-node=2 \
+# The documented default, no client arguments: --ladder, a calibration and 3 runs per rung, and
+# the server must stay for all of them (it once got --exit-after 1 and rung 2 found no server).
+BUILD_DIR=$build MEMORY=host PROVIDER=shm OOB_PORT=$oob_port timeout 600 sbatch --wait -N1 --ntasks-per-node=2 \
   --cpus-per-task=1 -o "$work/default.out" scripts/slurm-p5
 rc=$?
 echo "== the default job's output"; cat "$work/default.out"
 [ $rc -eq 0 ] || fail "the default job (--ladder) exited $rc"
-grep -q "served 9 clients" "$work/default.out" || fail "the default job's server did not serve every rung"
+grep -q "served 28 clients" "$work/default.out" || fail "the default job's server did not serve every run"
+grep -q "| + one doorbell per 16 WRITEs (FI_MORE) | " "$work/default.out" || fail "the default job's ladder has no last rung"
 
 # A recipe run outside sbatch says so; one whose build is missing says which.
 out=$(bash scripts/slurm-p5 2>&1); [ $? -eq 2 ] && [[ "$out" == *"run it with sbatch"* ]] || fail "outside sbatch: '$out'"

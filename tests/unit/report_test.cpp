@@ -146,3 +146,12 @@ TEST(Report, NicsAndEmulatedWrite) {
             std::string::npos)
       << text;
 }
+
+// The ladder's verdict: by the runs' ranges, never by one lucky run.
+TEST(Report, RunsVerdictByRanges) {
+  EXPECT_EQ(RunsVerdict({1, 2, 3}, {4, 5, 6}), "gain");
+  EXPECT_EQ(RunsVerdict({4, 5, 6}, {1, 2, 3}), "loss");
+  EXPECT_EQ(RunsVerdict({1, 2, 4}, {3, 5, 6}), "no change");  // 3 < 4: the ranges overlap
+  EXPECT_EQ(RunsVerdict({1, 2}, {4, 5, 6}), "too few runs");
+  EXPECT_EQ(RunsVerdict({1, 2, 3}, {9}), "too few runs");
+}
