@@ -350,22 +350,20 @@ static Tally TallyOf(const Peer& peer) {
 }
 void Peer::AddTotals(JsonRecord& record) const {
   const Tally t = TallyOf(*this);
-  std::string engine = "{\"threads\":" + std::to_string(slots.size());
-  engine += ",\"placement\":" + JsonRecord::Quote(t.placement);
-  engine += ",\"lock_acquisitions\":" + std::to_string(shared.locks);
-  engine += ",\"most_prepared\":" + std::to_string(t.most_prepared);
+  JsonRecord engine = JsonRecord::Object();
+  engine.Add("threads", uint64_t{slots.size()}).Add("placement", t.placement);
+  engine.Add("lock_acquisitions", uint64_t{shared.locks}).Add("most_prepared", t.most_prepared);
   // Where the provider reads no FI_MORE, every WRITE is its own doorbell (the doorbell rung
   // then saves none): scripts/journey says so from here.
   const bool more =
       !slots.empty() && !slots[0]->worker->lanes.empty() && slots[0]->worker->lanes[0].reads_more;
-  engine += std::string(",\"provider_reads_more\":") + (more ? "true" : "false");
-  char numbers[160];
-  std::snprintf(numbers, sizeof(numbers),
-                ",\"writes_per_doorbell\":%.2f,\"writes_per_completion\":%.2f,"
-                "\"percent_posted_in_poll\":%.1f,\"core_moves\":%llu,\"cpu_seconds\":%.3f}",
-                t.PerDoorbell(), t.PerCompletion(), t.InPoll(),
-                static_cast<unsigned long long>(t.moves), t.cpu);
-  record.Add("writes", t.writes).Add("bytes", t.bytes).AddRaw("engine", engine + numbers);
+  engine.AddBool("provider_reads_more", more);
+  engine.Add("writes_per_doorbell", t.PerDoorbell(), 2)
+      .Add("writes_per_completion", t.PerCompletion(), 2)
+      .Add("percent_posted_in_poll", t.InPoll(), 1)
+      .Add("core_moves", uint64_t{t.moves})
+      .Add("cpu_seconds", t.cpu, 3);
+  record.Add("writes", t.writes).Add("bytes", t.bytes).AddRaw("engine", engine.Text());
 }
 // The totals, and what each rung did for this client, as its threads counted it.
 std::string Peer::Totals() const {

@@ -50,8 +50,8 @@ void NoteProvider(const std::string& provider, const std::string& fabric) {
 }
 
 JsonRecord::JsonRecord(const char* record) : text_("{\"record\":\"" + JsonText(record) + "\"") {}
-std::string JsonRecord::Quote(const std::string& text) {
-  return "\"" + JsonText(text) + "\"";
+JsonRecord JsonRecord::Object() {
+  return JsonRecord();
 }
 static std::string JsonNumber(double value, int digits) {
   char number[64];
@@ -74,7 +74,7 @@ JsonRecord& JsonRecord::AddNull(const char* key) {
   return AddRaw(key, "null");
 }
 JsonRecord& JsonRecord::AddRaw(const char* key, const std::string& json) {
-  text_ += ",\"" + JsonText(key) + "\":" + json;
+  text_ += (text_.size() > 1 ? ",\"" : "\"") + JsonText(key) + "\":" + json;
   return *this;
 }
 
@@ -133,10 +133,13 @@ static std::string SummaryRecord(const Summary& s) {
                         : r.AddNull("emulated_write");
   count_or_null("receiver_cq_entries", s.receiver_cq_entries);
   std::string nics = "[";
-  for (size_t i = 0; i < s.nics.size(); ++i)
-    nics += std::string(i ? "," : "") + "{\"name\":\"" + JsonText(s.nics[i].name) +
-            "\",\"bytes\":" + std::to_string(s.nics[i].bytes) + ",\"wire_bytes\":" +
-            (s.nics[i].wire_bytes < 0 ? "null" : std::to_string(s.nics[i].wire_bytes)) + "}";
+  for (size_t i = 0; i < s.nics.size(); ++i) {
+    JsonRecord nic = JsonRecord::Object();
+    nic.Add("name", s.nics[i].name).Add("bytes", s.nics[i].bytes);
+    s.nics[i].wire_bytes < 0 ? nic.AddNull("wire_bytes")
+                             : nic.Add("wire_bytes", static_cast<uint64_t>(s.nics[i].wire_bytes));
+    nics += (i ? "," : "") + nic.Text();
+  }
   r.AddRaw("nics", nics + "]");
   seconds_or_null("main_cpu_seconds", s.main_cpu_seconds);
   seconds_or_null("receiver_cpu_seconds", s.main_cpu_seconds >= 0 ? s.receiver_cpu_seconds : -1);
@@ -247,6 +250,10 @@ void KeepStdout(int to) {
   if (fd < 0 || (records = fdopen(fd, "w")) == nullptr) return;  // then both share stdout
   dup2(to, STDOUT_FILENO);
 }
+// Where what every level prints goes: the real stdout.
+FILE* RealStdout() {
+  return records != nullptr ? records : stdout;
+}
 }  // namespace
 
 void RecordsOnStdout() {
@@ -264,8 +271,7 @@ void SetOutputLevel(int level) {
 }
 
 FILE* EssentialOut() {
-  if (records_json) return stderr;
-  return records != nullptr ? records : stdout;
+  return records_json ? stderr : RealStdout();
 }
 
 JsonRecord SessionRecord(uint64_t client, const std::string& ended) {
@@ -276,20 +282,20 @@ JsonRecord SessionRecord(uint64_t client, const std::string& ended) {
 }
 
 void PrintRecord(const JsonRecord& record) {
-  FILE* out = records != nullptr ? records : stdout;
+  FILE* out = RealStdout();
   std::fprintf(out, "%s\n", record.Text().c_str());
   std::fflush(out);
 }
 
 void PrintSummary(const Summary& s, bool json) {
-  FILE* out = records != nullptr ? records : stdout;
+  FILE* out = RealStdout();
   std::fprintf(out, "%s\n", FormatSummary(s, json).c_str());
   std::fflush(out);
 }
 
 void PrintReceived(uint64_t writes, uint64_t bytes, double seconds, double server_seconds,
                    uint64_t verified) {
-  FILE* out = records != nullptr ? records : stdout;
+  FILE* out = RealStdout();
   std::fprintf(
       out, "received %llu WRITEs (%llu bytes) in %.3f s (server: %.3f s); verified %llu bytes\n",
       static_cast<unsigned long long>(writes), static_cast<unsigned long long>(bytes), seconds,

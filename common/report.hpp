@@ -100,6 +100,7 @@ void NoteProvider(const std::string& provider, const std::string& fabric);
 class JsonRecord {
  public:
   explicit JsonRecord(const char* record);  // "record": "client", "session", ...
+  static JsonRecord Object();               // an object inside a record: no "record" key
   JsonRecord& Add(const char* key, double value, int digits = 6);
   JsonRecord& Add(const char* key, uint64_t value);
   JsonRecord& Add(const char* key, const std::string& value);
@@ -107,9 +108,9 @@ class JsonRecord {
   JsonRecord& AddNull(const char* key);
   JsonRecord& AddRaw(const char* key, const std::string& json);  // an array or object
   std::string Text() const { return text_ + "}"; }
-  static std::string Quote(const std::string& text);  // a JSON string, quotes included
 
  private:
+  JsonRecord() : text_("{") {}
   std::string text_;
 };
 // Prints a record on the real stdout (--json), one a line.
