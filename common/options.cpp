@@ -215,9 +215,10 @@ static void AddTransferOptions(CLI::App& app, Options& o) {
             {{"auto", GpuPathMode::kAuto},
              {"direct", GpuPathMode::kDirect},
              {"staged", GpuPathMode::kStaged}},
-            "GPU memory: direct (registered with the provider, which moves it), staged (through "
-            "pinned host memory), or auto: direct where the provider registers GPU memory "
-            "(default); the header line says which and why; direct where it cannot: exit 77");
+            "GPU memory: direct (the provider moves it; where it would copy it through host "
+            "memory or cannot take it: exit 77), staged (through pinned host memory), or auto: "
+            "direct where the provider takes GPU memory (default; on p4d, p5 and p6 instances, "
+            "direct); the header line says which and why");
   AddSize(app, "-S,--page-size", &o.page_size, "Bytes per page (suffixes k, m, g)");
   AddSize(app, "--pages", &o.pages, "Pages per TRANSFER request", "N");
   AddSize(app, "--repeat", &o.repeat, "Times the page set is written", "N");

@@ -62,6 +62,9 @@ struct MemoryPath {
   // Direct, by GPUDirect RDMA: the provider said it moves this memory with the NIC alone, so
   // the endpoints that move it refuse the CUDA API (RefuseCudaApi, common/registration.hpp).
   bool nic_only = false;
+  // Direct in name only: a NIC provider that takes GPU memory but copies it through host memory
+  // with the CUDA API (it refused to do without it). --gpu-path direct refuses this path.
+  bool provider_copies = false;
 };
 
 // Fills `buffer` from `offset` with the pages `ids` of data set `seed` (page_data.hpp), one

@@ -3,6 +3,8 @@
 #include <rdma/fi_endpoint.h>
 #include <rdma/fi_ext.h>
 
+#include <cctype>
+#include <fstream>
 #include <random>
 
 #include "error.hpp"
@@ -70,7 +72,7 @@ MrPtr RegisterPages(fid_domain* domain, const fi_info& info, const PageBuffer& p
 #define HAVE_CUDA_API_PERMITTED \
   FI_VERSION_GE(FI_VERSION(FI_MAJOR_VERSION, FI_MINOR_VERSION), FI_VERSION(1, 18))
 static std::string HowDirect(fid_domain* domain, const fi_info& info, bool dmabuf,
-                             GpuAllocation allocation, bool* nic_only) {
+                             GpuAllocation allocation, bool* nic_only, bool* copies) {
   const std::string provider = info.fabric_attr->prov_name;
   std::string how = "the provider reads and writes GPU memory (FI_HMEM_CUDA" +
                     std::string(dmabuf ? ", dmabuf)" : ")");
@@ -93,6 +95,7 @@ static std::string HowDirect(fid_domain* domain, const fi_info& info, bool dmabu
                    "one transfer at a time per peer (CUDA IPC opens cudaMalloc's memory only): "
                    "a slow path, about 20 Gbps on an H200 whatever the page size or threads"
                  : "CUDA IPC: shm copies GPU to GPU with the CUDA API";
+    *copies = true;
     return provider +
            " copies GPU memory through host memory with the CUDA API: no GPUDirect RDMA here, "
            "a slow path";
@@ -101,6 +104,7 @@ static std::string HowDirect(fid_domain* domain, const fi_info& info, bool dmabu
   (void)domain;
   (void)allocation;
   (void)nic_only;
+  (void)copies;
 #endif
   return how;
 }
@@ -155,13 +159,32 @@ MemoryPath ChooseMemoryPath(fid_domain* domain, const fi_info& info, MemoryKind 
             (allocation == GpuAllocation::kVmm ? "VMM-mapped " : "") + "GPU memory: " + e.what();
     }
   }
+  if (mode == GpuPathMode::kAuto && ExpectsGpuDirect(InstanceType())) {
+    mode = GpuPathMode::kDirect;  // where GPUDirect RDMA is the point, nothing less is measured
+    if (!why.empty()) why += " (" + InstanceType() + ": --gpu-path direct is its default)";
+  }
   if (why.empty()) {
     MemoryPath path{PageBuffer::Path::kGpuDirect, "", allocation};
-    path.why = HowDirect(domain, info, dmabuf, allocation, &path.nic_only);
+    path.why = HowDirect(domain, info, dmabuf, allocation, &path.nic_only, &path.provider_copies);
+    if (path.provider_copies && mode == GpuPathMode::kDirect)
+      throw HardwareAbsent("--gpu-path direct: " + path.why);
     return path;
   }
   if (mode == GpuPathMode::kDirect) throw HardwareAbsent("--gpu-path direct: " + why);
   return {PageBuffer::Path::kGpuStaged, why, allocation};
+}
+
+std::string InstanceType(const std::string& dmi) {
+  std::ifstream file(dmi + "/product_name");
+  std::string type;
+  std::getline(file, type);
+  while (!type.empty() && std::isspace(static_cast<unsigned char>(type.back()))) type.pop_back();
+  return type;
+}
+bool ExpectsGpuDirect(const std::string& type) {
+  for (const char* family : {"p4d.", "p4de.", "p5.", "p5e.", "p5en.", "p6-"})
+    if (type.rfind(family, 0) == 0) return true;
+  return false;
 }
 
 static std::string GpuWords(const MemoryPath& p) {
@@ -176,6 +199,7 @@ std::string DescribeMemoryPath(const MemoryPath& p) {
     case PageBuffer::Path::kHost:
       return "host memory";
     case PageBuffer::Path::kGpuDirect:
+      if (p.provider_copies) return GpuWords(p) + ", copied by the provider (" + p.why + ")";
       return GpuWords(p) + ", direct (" + p.why + ")";
     default:
       return GpuWords(p) + ", staged through pinned host memory (" + p.why + ")";
@@ -187,6 +211,8 @@ const char* MemoryWord(const MemoryPath& p) {
     case PageBuffer::Path::kHost:
       return "host";
     case PageBuffer::Path::kGpuDirect:
+      if (p.provider_copies)
+        return p.allocation == GpuAllocation::kVmm ? "cuda-vmm-copied" : "cuda-copied";
       return p.allocation == GpuAllocation::kVmm ? "cuda-vmm-direct" : "cuda-direct";
     default:
       return p.allocation == GpuAllocation::kVmm ? "cuda-vmm-staged" : "cuda-staged";

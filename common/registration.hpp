@@ -43,8 +43,17 @@ MrPtr RegisterPages(fid_domain* domain, const fi_info& info, const PageBuffer& p
 // is asked (a 1 MiB GPU buffer registered on `domain`) whether it takes GPU memory; `no_hmem`
 // is why FI_HMEM was left out of the hints, if it was. --gpu-path direct where the provider
 // cannot: HardwareAbsent (exit 77) with the provider's own reason.
+// On an instance made for GPUDirect RDMA (ExpectsGpuDirect), auto means direct. A NIC provider
+// that registers GPU memory but copies it through host memory with the CUDA API (it refuses
+// FI_OPT_CUDA_API_PERMITTED false: efa without peer-to-peer) is no direct path either: exit 77
+// under direct, "cuda-copied" in the records otherwise.
 MemoryPath ChooseMemoryPath(fid_domain* domain, const fi_info& info, MemoryKind memory,
                             GpuPathMode mode, const std::string& no_hmem);
+// The instance type where the machine says it (EC2: DMI's product name, "p5.48xlarge"); "".
+std::string InstanceType(const std::string& dmi = "/sys/class/dmi/id");
+// Whether GPUDirect RDMA over EFA is what the instance type is for (p4d, p4de, p5, p5e, p5en,
+// p6: AWS's EFA documentation, "Supported instance types", GPUDirect RDMA column).
+bool ExpectsGpuDirect(const std::string& type);
 
 // GPUDirect RDMA (`path.nic_only`): endpoint `ep`, not yet enabled, is told never to call the
 // CUDA API (FI_OPT_CUDA_API_PERMITTED false, API 1.18 on). A provider that would otherwise copy

@@ -34,8 +34,13 @@ static std::string JsonText(const std::string& text) {
 static std::string MemoryWords(const std::string& memory) {
   if (memory == "host") return "host";
   const bool vmm = memory.rfind("cuda-vmm", 0) == 0;
-  const bool direct = memory.size() > 6 && memory.compare(memory.size() - 6, 6, "direct") == 0;
-  return std::string(vmm ? "GPU VMM" : "GPU") + (direct ? " (direct)" : " (staged)");
+  const auto ends = [&](const std::string& end) {
+    return memory.size() > end.size() &&
+           memory.compare(memory.size() - end.size(), end.size(), end) == 0;
+  };
+  return std::string(vmm ? "GPU VMM" : "GPU") + (ends("direct")   ? " (direct)"
+                                                 : ends("copied") ? " (copied by the provider)"
+                                                                  : " (staged)");
 }
 
 RunContext& ThisRun() {

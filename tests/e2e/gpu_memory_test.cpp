@@ -130,3 +130,29 @@ TEST(GpuMemory, RegionWrittenWithTheGpuNearlyFull) {
     std::printf("%s: %s\n", memory.c_str(), r.out.c_str());  // its JSON: registration, rate
   }
 }
+
+// A provider that takes GPU memory but copies it through host memory with the CUDA API (tcp
+// does, where libfabric has CUDA) is no direct path: "cuda-copied" in the record ("cuda-staged"
+// where libfabric has no CUDA), and --gpu-path direct refuses it (exit 77) instead of
+// measuring it.
+TEST(GpuMemory, CopiedByTheProviderIsNotDirect) {
+  if (CudaDeviceCount() == 0) GTEST_SKIP() << "no GPU";
+  testing_support::StageServer server("07_full_p5", "tcp", 1, {"--memory", "cuda"});
+  ASSERT_FALSE(server.address().empty());
+  testing_support::Result r = testing_support::RunClient(
+      "07_full_p5", "tcp", server.address(),
+      {"--memory", "cuda", "-S", "64k", "--pages", "64", "--json"}, 120s);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  const bool copied = r.out.find("\"memory\":\"cuda-copied\"") != std::string::npos;
+  const bool staged = r.out.find("\"memory\":\"cuda-staged\"") != std::string::npos;
+  EXPECT_TRUE(copied || staged) << r.out;
+  EXPECT_EQ(testing_support::NumberAfter(r.out, "\"verified_bytes\":"), 4 * 64LL * 65536) << r.out;
+  EXPECT_EQ(server.Wait(60s).exit_code, 0);
+  // The path is chosen before the client reaches for its server.
+  testing_support::Result direct = testing_support::RunClient(
+      "07_full_p5", "tcp", server.address(),
+      {"--memory", "cuda", "--gpu-path", "direct", "-S", "64k", "--pages", "64"}, 60s);
+  EXPECT_EQ(direct.exit_code, 77) << direct.out << direct.err;
+  EXPECT_NE(direct.err.find("--gpu-path direct: "), std::string::npos) << direct.err;
+  std::printf("tcp, GPU memory: %s\n", copied ? "copied by the provider" : "staged");
+}

@@ -1,9 +1,12 @@
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "registration.hpp"
 #include "report.hpp"
 
 using namespace common;
@@ -154,4 +157,20 @@ TEST(Report, RunsVerdictByRanges) {
   EXPECT_EQ(RunsVerdict({1, 2, 4}, {3, 5, 6}), "no change");  // 3 < 4: the ranges overlap
   EXPECT_EQ(RunsVerdict({1, 2}, {4, 5, 6}), "too few runs");
   EXPECT_EQ(RunsVerdict({1, 2, 3}, {9}), "too few runs");
+}
+
+// Where GPUDirect RDMA is the point of the instance, --gpu-path auto means direct.
+TEST(Registration, InstanceTypesMadeForGpuDirect) {
+  for (const char* type :
+       {"p5.48xlarge", "p5e.48xlarge", "p5en.48xlarge", "p4d.24xlarge", "p6-b200.48xlarge"})
+    EXPECT_TRUE(ExpectsGpuDirect(type)) << type;
+  for (const char* type :
+       {"", "g5.48xlarge", "p3dn.24xlarge", "Standard PC (Q35 + ICH9, 2009)", "p5"})
+    EXPECT_FALSE(ExpectsGpuDirect(type)) << type;
+  EXPECT_EQ(InstanceType("/nonexistent"), "");
+  const auto dmi = std::filesystem::temp_directory_path() / "report_test_dmi";
+  std::filesystem::create_directories(dmi);
+  std::ofstream(dmi / "product_name") << "p5.48xlarge\n";  // as EC2's DMI reads
+  EXPECT_EQ(InstanceType(dmi.string()), "p5.48xlarge");
+  std::filesystem::remove_all(dmi);
 }
