@@ -769,13 +769,15 @@ Summary ClientSession::Summarize(const Timing& t, uint64_t verified) {
                             [&](const Summary::Nic& n) { return n.name == name; });
     if (nic == summary.nics.end()) {
       auto w = t.wire_bytes.find(name);
-      summary.nics.push_back(
-          {name, 0, w == t.wire_bytes.end() ? -1 : static_cast<long long>(w->second)});
+      summary.nics.push_back({name, 0,
+                              w == t.wire_bytes.end() ? -1 : static_cast<long long>(w->second),
+                              CountsDeviceWrites(name)});
       nic = summary.nics.end() - 1;
     }
     nic->bytes += lane_seen_[l] * options_.page_size;
   }
   if (print_ && from_server_.ignored() > 0) std::printf("%s\n", from_server_.Describe().c_str());
+  for (const std::string& line : WireWarnings(summary)) std::printf("warning: %s\n", line.c_str());
   const std::string problem =
       ClockProblem(summary, std::chrono::duration<double>(Clock::now() - began_).count());
   if (!problem.empty()) throw Error("figures that cannot be true: " + problem);

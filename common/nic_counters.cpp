@@ -37,6 +37,11 @@ std::string WireCounterPath(const std::string& domain, WireDirection direction,
   return "";
 }
 
+bool CountsDeviceWrites(const std::string& domain, const std::string& root) {
+  return WireCounterPath(domain, WireDirection::kReceived, root).find("/hw_counters/") !=
+         std::string::npos;
+}
+
 WireBytes::WireBytes(const std::vector<std::string>& domains, WireDirection direction,
                      const std::string& root) {
   for (const auto& d : domains)

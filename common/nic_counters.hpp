@@ -23,6 +23,10 @@ enum class WireDirection { kSent, kReceived };
 std::string WireCounterPath(const std::string& domain, WireDirection direction,
                             const std::string& root = "/");
 
+// Whether that counter counts only the WRITEs the device itself carried (efa's
+// rdma_write_recv_bytes), not every byte the NIC received (a netdev's rx_bytes).
+bool CountsDeviceWrites(const std::string& domain, const std::string& root = "/");
+
 // A set of NICs' counters, read at Start() and again by Bytes(): bytes since Start, per NIC
 // (by domain name, each once however many lanes share it). NICs without a counter are left out.
 class WireBytes {

@@ -158,6 +158,24 @@ std::string RunsVerdict(const std::vector<double>& below, const std::vector<doub
   return *low > *below_high ? "gain" : *high < *below_low ? "loss" : "no change";
 }
 
+std::vector<std::string> WireWarnings(const Summary& s) {
+  std::vector<std::string> lines;
+  for (const auto& n : s.nics) {
+    if (!n.device_writes || n.wire_bytes < 0 || n.bytes == 0) continue;
+    const double share = static_cast<double>(n.wire_bytes) / static_cast<double>(n.bytes);
+    if (share >= 0.99) continue;
+    char line[512];
+    std::snprintf(line, sizeof(line),
+                  "%s: the device counted RDMA WRITEs for %.1f%% of the %llu bytes of pages it "
+                  "received: efa emulated the rest with messages (a peer without the same "
+                  "unsolicited-write-recv support or without GPU peer-to-peer, or WRITEs before "
+                  "efa's handshake: efa_rdm_rma.c); the figures are of that slower path",
+                  n.name.c_str(), 100 * share, static_cast<unsigned long long>(n.bytes));
+    lines.push_back(line);
+  }
+  return lines;
+}
+
 std::string FormatSummary(const Summary& s, bool json) {
   const double gbps = Gbps(s.bytes, s.seconds);
   const double mpps = s.seconds > 0 ? static_cast<double>(s.writes) / s.seconds / 1e6 : 0;
@@ -204,7 +222,8 @@ std::string FormatSummary(const Summary& s, bool json) {
     char w[160];
     std::snprintf(
         w, sizeof(w),
-        "; NIC counters: %zu NIC%s received %.1f MB on the wire for %.1f MB of pages (%.1f%%)",
+        "; NIC counters (host-wide): %zu NIC%s received %.1f MB on the wire for %.1f MB of pages "
+        "(%.1f%%)",
         counted, counted == 1 ? "" : "s", static_cast<double>(wire) / 1e6,
         static_cast<double>(moved) / 1e6,
         moved ? 100.0 * static_cast<double>(wire) / static_cast<double>(moved) : 0.0);

@@ -66,6 +66,7 @@ struct Summary {
     std::string name;
     uint64_t bytes = 0;
     long long wire_bytes = -1;
+    bool device_writes = false;  // the counter counts the device's RDMA WRITEs alone (efa)
   };
   std::vector<Nic> nics;
 };
@@ -124,6 +125,11 @@ JsonRecord SessionRecord(uint64_t client, const std::string& ended);
 // run is worse, "no change" when the ranges overlap, "too few runs" under 3 on either side
 // (the rule of scripts/benchlib.py's runs_verdict).
 std::string RunsVerdict(const std::vector<double>& below, const std::vector<double>& runs);
+
+// The wire's verdict: where a NIC counts the device's own RDMA WRITEs (efa), fewer than 99% of
+// the pages' bytes means the rest came as emulated WRITEs (messages): a line each, with the
+// share and the likely causes. Host-wide counters: another process's WRITEs count too.
+std::vector<std::string> WireWarnings(const Summary& s);
 
 std::string FormatSummary(const Summary& s, bool json);
 void PrintSummary(const Summary& s, bool json);

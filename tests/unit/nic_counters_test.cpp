@@ -53,3 +53,17 @@ TEST(WireBytes, EfaAndNetdevCountersSinceStart) {
   EXPECT_EQ(bytes.at("mcb2"), 4096u);
   EXPECT_TRUE(WireBytes({"shm"}, WireDirection::kSent, t.root).empty());
 }
+
+// Only efa's hw_counters count the device's RDMA WRITEs alone; a netdev counts every byte.
+TEST(NicCounters, DeviceWritesOnlyWhereTheDeviceCountsThem) {
+  const auto root = std::filesystem::temp_directory_path() / "nic_counters_device_writes";
+  std::filesystem::create_directories(root / "sys/class/infiniband/rdmap79s0/ports/1/hw_counters");
+  std::ofstream(root / "sys/class/infiniband/rdmap79s0/ports/1/hw_counters/rdma_write_recv_bytes")
+      << "0\n";
+  std::filesystem::create_directories(root / "sys/class/net/mcb0/statistics");
+  std::ofstream(root / "sys/class/net/mcb0/statistics/rx_bytes") << "0\n";
+  EXPECT_TRUE(CountsDeviceWrites("rdmap79s0-rdm", root.string()));
+  EXPECT_FALSE(CountsDeviceWrites("mcb0", root.string()));
+  EXPECT_FALSE(CountsDeviceWrites("shm", root.string()));
+  std::filesystem::remove_all(root);
+}

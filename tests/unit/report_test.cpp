@@ -144,8 +144,8 @@ TEST(Report, NicsAndEmulatedWrite) {
   EXPECT_NE(json.find("{\"name\":\"shm\",\"bytes\":4096,\"wire_bytes\":null}],"), std::string::npos)
       << json;
   const std::string text = FormatSummary(s, false);
-  EXPECT_NE(text.find("; NIC counters: 32 NICs received 33.6 MB on the wire for 33.6 MB of pages "
-                      "(100.1%)"),
+  EXPECT_NE(text.find("; NIC counters (host-wide): 32 NICs received 33.6 MB on the wire for 33.6 "
+                      "MB of pages (100.1%)"),
             std::string::npos)
       << text;
 }
@@ -173,4 +173,22 @@ TEST(Registration, InstanceTypesMadeForGpuDirect) {
   std::ofstream(dmi / "product_name") << "p5.48xlarge\n";  // as EC2's DMI reads
   EXPECT_EQ(InstanceType(dmi.string()), "p5.48xlarge");
   std::filesystem::remove_all(dmi);
+}
+
+// efa's device counts its own RDMA WRITEs: a NIC that counted fewer than 99% of the bytes its
+// pages brought was sent the rest as emulated WRITEs, and says so; a netdev's byte counter
+// (tcp) and NICs without a counter say nothing.
+TEST(Report, WireWarningsWhereWritesWereEmulated) {
+  Summary s;
+  s.nics.push_back({"rdmap79s0-rdm", 1000000, 995000, true});  // 99.5%: the device's own
+  s.nics.push_back({"rdmap80s0-rdm", 1000000, 400000, true});  // 40%: the rest emulated
+  s.nics.push_back({"mcb0", 1000000, 10, false});              // tcp: every byte, not WRITEs
+  s.nics.push_back({"shm", 1000000, -1, false});
+  const std::vector<std::string> lines = WireWarnings(s);
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_EQ(lines[0].rfind("rdmap80s0-rdm: the device counted RDMA WRITEs for 40.0% of the "
+                           "1000000 bytes of pages it received: efa emulated the rest",
+                           0),
+            0u)
+      << lines[0];
 }
