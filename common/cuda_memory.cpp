@@ -64,6 +64,25 @@ bool CudaBuilt() {
   return true;
 }
 
+std::string CudaStatus() {
+  int runtime = 0, driver = 0;
+  cudaRuntimeGetVersion(&runtime);
+  const cudaError_t rc = cudaDriverGetVersion(&driver);
+  auto version = [](int v) {
+    return std::to_string(v / 1000) + "." + std::to_string(v % 1000 / 10);
+  };
+  std::string text = "runtime " + version(runtime);
+  if (rc != cudaSuccess) return text + ", no driver: " + cudaGetErrorString(rc);
+  if (driver == 0) return text + ", no NVIDIA driver";
+  text += ", driver " + version(driver);
+  int count = 0;
+  if (const cudaError_t e = cudaGetDeviceCount(&count); e != cudaSuccess) {
+    text += std::string(": ") + cudaGetErrorString(e);
+    cudaGetLastError();
+  }
+  return text;
+}
+
 int CudaDeviceCount() {
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess) {
@@ -269,6 +288,9 @@ void ThrowCudaError(const char* call, int rc, const char*, int) {
 }
 bool CudaBuilt() {
   return false;
+}
+std::string CudaStatus() {
+  return "";
 }
 int CudaDeviceCount() {
   return 0;

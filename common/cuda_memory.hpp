@@ -10,6 +10,9 @@
 namespace common {
 
 bool CudaBuilt();
+// What this process's CUDA is: "runtime 13.0, driver 13.0" (built with CUDA, the driver
+// answering), the runtime's error text where it does not, or "" in a build without CUDA.
+std::string CudaStatus();
 int CudaDeviceCount();
 // "NVIDIA H200" and "0000:53:00.0" (lower case) for a device.
 std::string CudaDeviceName(int device);

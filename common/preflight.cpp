@@ -96,6 +96,11 @@ HostFacts ReadHostFacts(const std::string& root) {
   }
   if (auto scope = FirstLine(r / "proc/sys/kernel/yama/ptrace_scope"))
     h.ptrace_scope = std::atoi(scope->c_str());
+  h.instance_type = FirstLine(r / "sys/class/dmi/id/product_name").value_or("");
+  for (const auto& dev : h.efa_devices)
+    h.efa_port_state[dev] =
+        FirstLine(r / "sys/class/infiniband" / dev / "ports/1/state").value_or("unknown");
+  h.efa_driver = FirstLine(r / "sys/module/efa/version").value_or("");
   return h;
 }
 
@@ -110,6 +115,8 @@ ProcessFacts ReadProcessFacts(char** environ_list) {
   if (getrlimit(RLIMIT_MEMLOCK, &limit) == 0)
     p.memlock = limit.rlim_cur == RLIM_INFINITY ? UINT64_MAX : limit.rlim_cur;
   p.visible_gpus = CudaDeviceCount();
+  p.cuda_built = CudaBuilt();
+  p.cuda = CudaStatus();
   if (p.visible_gpus > 0) {
     try {
       CudaBuffer probe(2 << 20, 0);
@@ -119,6 +126,12 @@ ProcessFacts ReadProcessFacts(char** environ_list) {
     }
   }
   return p;
+}
+
+// CUDA is built in and says an error: a runtime the driver does not support, no driver.
+bool CudaFailed(const ProcessFacts& process) {
+  return process.cuda_built && (process.cuda.find(": ") != std::string::npos ||
+                                process.cuda.find("no NVIDIA driver") != std::string::npos);
 }
 
 std::vector<CheckLine> CheckHost(const HostFacts& host, const ProcessFacts& process) {
@@ -165,6 +178,16 @@ std::vector<CheckLine> CheckHost(const HostFacts& host, const ProcessFacts& proc
   if (gpus == 0 && host_gpus == 0)
     lines.push_back({Verdict::kWarn, "GPUs", "none: 07 moves host memory here",
                      "a GPU host with the NVIDIA driver (/proc/driver/nvidia/gpus)"});
+  else if (gpus == 0 && !process.cuda_built)
+    lines.push_back({Verdict::kFail, "GPUs",
+                     "the driver lists " + std::to_string(host_gpus) +
+                         ", and this build has no CUDA: it moves host memory only",
+                     "rebuild with the CUDA toolkit installed (meson setup -Dcuda=enabled)"});
+  else if (gpus == 0 && CudaFailed(process))
+    lines.push_back(
+        {Verdict::kFail, "GPUs",
+         "the driver lists " + std::to_string(host_gpus) + ", CUDA says " + process.cuda,
+         "a CUDA runtime this driver supports, the driver loaded (nvidia-smi)"});
   else if (gpus == 0)
     lines.push_back({Verdict::kFail, "GPUs",
                      "the driver lists " + std::to_string(host_gpus) + ", this process sees none" +
@@ -245,6 +268,74 @@ std::vector<CheckLine> CheckHost(const HostFacts& host, const ProcessFacts& proc
                      "(FI_EFA_USE_DEVICE_RDMA=0 turns the device's RDMA off; "
                      "FI_EFA_USE_UNSOLICITED_WRITE_RECV=0 "
                      "leaves efa-direct without RMA, as 07 asks no FI_RX_CQ_DATA)"});
+  for (auto& line : CheckInstance(host, process)) lines.push_back(std::move(line));
+  return lines;
+}
+
+// What each instance type is sold with: EFA devices (its network cards with an EFA interface)
+// and GPUs. AWS, "Amazon EC2 instance type specifications", accelerated computing, network
+// specifications.
+struct InstanceShape {
+  const char* type;
+  size_t efa, gpus;
+};
+constexpr InstanceShape kInstances[] = {{"p4d.24xlarge", 4, 8},   {"p4de.24xlarge", 4, 8},
+                                        {"p5.48xlarge", 32, 8},   {"p5e.48xlarge", 32, 8},
+                                        {"p5en.48xlarge", 16, 8}, {"p6-b200.48xlarge", 8, 8}};
+
+std::vector<CheckLine> CheckInstance(const HostFacts& host, const ProcessFacts& process) {
+  std::vector<CheckLine> lines;
+  const bool gpu_host = !host.host_gpus.empty();
+  if (!process.cuda_built)
+    lines.push_back({gpu_host ? Verdict::kWarn : Verdict::kOk, "CUDA",
+                     "this build has none: pages in host memory only",
+                     "rebuild with the CUDA toolkit installed (meson setup -Dcuda=enabled)"});
+  else if (CudaFailed(process) && gpu_host)
+    lines.push_back({Verdict::kFail, "CUDA", process.cuda,
+                     "a CUDA runtime this driver supports, the driver loaded (nvidia-smi)"});
+  else
+    lines.push_back({Verdict::kOk, "CUDA", process.cuda + (gpu_host ? "" : " (no GPU here)"), ""});
+
+  const InstanceShape* shape = nullptr;
+  for (const auto& s : kInstances)
+    if (host.instance_type == s.type) shape = &s;
+  if (shape == nullptr) {
+    lines.push_back({Verdict::kOk, "instance",
+                     host.instance_type.empty() ? "type unknown (no DMI product name)"
+                                                : host.instance_type + ": no EFA or GPU count "
+                                                                       "known for it",
+                     ""});
+  } else if (host.efa_devices.size() < shape->efa || host.host_gpus.size() < shape->gpus) {
+    lines.push_back({Verdict::kFail, "instance",
+                     host.instance_type + " comes with " + std::to_string(shape->efa) +
+                         " EFA devices and " + std::to_string(shape->gpus) + " GPUs; this host " +
+                         "has " + std::to_string(host.efa_devices.size()) + " and " +
+                         std::to_string(host.host_gpus.size()) + ": 07 would use only those",
+                     "launch it with an EFA interface on every network card (network card "
+                     "indices 0 to " +
+                         std::to_string(shape->efa - 1) + ", interface type efa)"});
+  } else {
+    lines.push_back({Verdict::kOk, "instance",
+                     host.instance_type + ": " + std::to_string(shape->efa) + " EFA devices and " +
+                         std::to_string(shape->gpus) + " GPUs, as it comes",
+                     ""});
+  }
+
+  if (host.efa_devices.empty()) return lines;
+  std::vector<std::string> down;
+  for (const auto& [dev, state] : host.efa_port_state)
+    if (state.find("ACTIVE") == std::string::npos) down.push_back(dev + " " + state);
+  if (down.empty())
+    lines.push_back(
+        {Verdict::kOk, "EFA ports", std::to_string(host.efa_port_state.size()) + " ACTIVE", ""});
+  else
+    lines.push_back({Verdict::kFail, "EFA ports",
+                     std::to_string(down.size()) + " not ACTIVE: " + Join(down),
+                     "dmesg | grep -i efa; the instance's network interfaces (efa attached?)"});
+  lines.push_back(
+      {host.efa_driver.empty() ? Verdict::kWarn : Verdict::kOk, "efa driver",
+       host.efa_driver.empty() ? "no version in /sys/module/efa" : "version " + host.efa_driver,
+       "the EFA installer's driver (efa_installer.sh), or the kernel's efa module"});
   return lines;
 }
 

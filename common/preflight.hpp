@@ -37,6 +37,9 @@ struct HostFacts {
   long hugepages = -1;                 // /proc/meminfo HugePages_Total (-1: not read)
   long hugepage_kib = 0;               // Hugepagesize
   int ptrace_scope = 0;                // /proc/sys/kernel/yama/ptrace_scope (0 without Yama)
+  std::string instance_type;           // /sys/class/dmi/id/product_name (EC2: "p5.48xlarge")
+  std::map<std::string, std::string> efa_port_state;  // device -> ports/1/state ("4: ACTIVE")
+  std::string efa_driver;                             // /sys/module/efa/version
 };
 HostFacts ReadHostFacts(const std::string& root);
 
@@ -46,11 +49,16 @@ struct ProcessFacts {
   uint64_t memlock = UINT64_MAX;           // RLIMIT_MEMLOCK, soft; UINT64_MAX: unlimited
   int visible_gpus = 0;                    // CUDA's device count here
   std::optional<bool> dmabuf;              // a test allocation exported as a dmabuf (no GPU: none)
+  bool cuda_built = true;                  // this build has CUDA (meson -Dcuda)
+  std::string cuda;                        // CudaStatus(): versions, or the runtime's error
 };
 ProcessFacts ReadProcessFacts(char** environ_list);
 
 // The checks of files and process: EFA devices, /dev/infiniband, GPUs and what confines them,
 // peer memory (dmabuf or nvidia_peermem), huge pages, memlock, ptrace scope, FI_* variables.
 std::vector<CheckLine> CheckHost(const HostFacts& host, const ProcessFacts& process);
+// The instance against what its type is sold with (EFA devices and GPUs), each EFA port's
+// state and the efa driver's version, and this build's CUDA. CheckHost adds them.
+std::vector<CheckLine> CheckInstance(const HostFacts& host, const ProcessFacts& process);
 
 }  // namespace common

@@ -47,6 +47,7 @@ void MakeP5(Tree& t) {
     for (int k = 0; k < 4; ++k) {
       const std::string dev = "rdmap" + std::to_string(first_nic_bus[g] + k) + "s0";
       t.Link("sys/class/infiniband/" + dev + "/device/driver", "../../../../bus/pci/drivers/efa");
+      t.File("sys/class/infiniband/" + dev + "/ports/1/state", "4: ACTIVE\n");
       t.File("dev/infiniband/uverbs" + std::to_string(uverbs++), "");
     }
     t.Dir(std::string("proc/driver/nvidia/gpus/0000:") + gpu_bus[g] + ":00.0");
@@ -55,12 +56,15 @@ void MakeP5(Tree& t) {
          "MemTotal:       2097152000 kB\nHugePages_Total:    5128\nHugePages_Free:     5128\n"
          "Hugepagesize:       2048 kB\n");
   t.File("proc/sys/kernel/yama/ptrace_scope", "0\n");
+  t.File("sys/class/dmi/id/product_name", "p5.48xlarge\n");
+  t.File("sys/module/efa/version", "2.13.0g\n");
 }
 
 ProcessFacts P5Process() {
   ProcessFacts p;
   p.visible_gpus = 8;
   p.dmabuf = true;
+  p.cuda = "runtime 12.4, driver 12.4";
   return p;
 }
 
@@ -97,6 +101,57 @@ TEST(Preflight, P5IsReady) {
             "OK    EFA devices: 32 (rdmap79s0, rdmap80s0, rdmap81s0, rdmap82s0 ... rdmap201s0)");
   EXPECT_EQ(Line(lines, "GPUs").detail, "8 visible");
   EXPECT_EQ(Line(lines, "huge pages").detail, "5128 x 2048 kB reserved");
+  EXPECT_EQ(Line(lines, "instance").detail, "p5.48xlarge: 32 EFA devices and 8 GPUs, as it comes");
+  EXPECT_EQ(Line(lines, "EFA ports").detail, "32 ACTIVE");
+  EXPECT_EQ(Line(lines, "efa driver").detail, "version 2.13.0g");
+  EXPECT_EQ(Line(lines, "CUDA").detail, "runtime 12.4, driver 12.4");
+  std::printf("%s", All(lines).c_str());
+}
+
+// A p5 launched with 16 of its 32 EFA interfaces, one port down: it must not pass.
+TEST(Preflight, P5WithHalfItsEfaAndAPortDown) {
+  Tree t;
+  MakeP5(t);
+  for (int first : {0x4f, 0x60, 0x71, 0x82})  // the NICs of the first 4 GPUs are not there
+    for (int k = 0; k < 4; ++k)
+      fs::remove_all(fs::path(t.root()) /
+                     ("sys/class/infiniband/rdmap" + std::to_string(first + k) + "s0"));
+  t.File("sys/class/infiniband/rdmap201s0/ports/1/state", "1: DOWN\n");
+  const auto lines = CheckHost(ReadHostFacts(t.root()), P5Process());
+  const CheckLine& instance = Line(lines, "instance");
+  EXPECT_EQ(instance.verdict, Verdict::kFail);
+  EXPECT_EQ(instance.detail,
+            "p5.48xlarge comes with 32 EFA devices and 8 GPUs; this host has 16 "
+            "and 8: 07 would use only those");
+  EXPECT_NE(instance.fix.find("network card indices 0 to 31"), std::string::npos);
+  EXPECT_EQ(Line(lines, "EFA ports").verdict, Verdict::kFail);
+  EXPECT_EQ(Line(lines, "EFA ports").detail, "1 not ACTIVE: rdmap201s0 1: DOWN");
+  EXPECT_EQ(PreflightExitCode(lines), 1);
+}
+
+// A GPU host whose build has no CUDA, or whose CUDA runtime the driver refuses: the GPUs line
+// names that, not Slurm or Kubernetes.
+TEST(Preflight, GpusUnseenForWantOfCuda) {
+  Tree t;
+  MakeP5(t);
+  ProcessFacts p = P5Process();
+  p.visible_gpus = 0;
+  p.dmabuf.reset();
+  p.cuda_built = false;
+  p.cuda = "";
+  auto lines = CheckHost(ReadHostFacts(t.root()), p);
+  EXPECT_EQ(Line(lines, "GPUs").detail,
+            "the driver lists 8, and this build has no CUDA: it moves host memory only");
+  EXPECT_NE(Line(lines, "GPUs").fix.find("-Dcuda=enabled"), std::string::npos);
+  EXPECT_EQ(Line(lines, "CUDA").verdict, Verdict::kWarn);
+  p.cuda_built = true;
+  p.cuda =
+      "runtime 13.0, driver 12.2: CUDA driver version is insufficient for CUDA runtime version";
+  lines = CheckHost(ReadHostFacts(t.root()), p);
+  EXPECT_EQ(Line(lines, "GPUs").verdict, Verdict::kFail);
+  EXPECT_NE(Line(lines, "GPUs").detail.find("CUDA says runtime 13.0, driver 12.2: CUDA driver "),
+            std::string::npos);
+  EXPECT_EQ(Line(lines, "CUDA").verdict, Verdict::kFail);
   std::printf("%s", All(lines).c_str());
 }
 
