@@ -318,6 +318,7 @@ void ClientSession::OpenLanes() {
     lanes_.push_back(Network::Open(DataLane(*nic), wait_, &control_.memory, cq_entries_));
   for (const auto& lane : lanes_) domains_.push_back(lane.info->domain_attr->name);
   emulated_write_ = EmulatedWrite(lanes_[0].ep.get());
+  RequireDeviceWrites(control_.memory, emulated_write_);
   if (print_) PrintHeader("client", plan_, wait_, control_.memory, emulated_write_);
   const size_t tx = lanes_[0].info->tx_attr->size;
   if (options_.window > tx)

@@ -321,7 +321,9 @@ int ServerMain(const Options& options) {
   Network probe = Network::Open(FiInfoPtr(fi_dupinfo(plan.lanes[0].get())), wait);
   const MemoryPath path =
       ChooseMemoryPath(probe.domain.get(), *probe.info, memory, options.gpu_path, no_hmem);
-  PrintHeader("server", plan, wait, path, EmulatedWrite(probe.ep.get()));
+  const std::optional<bool> emulated = EmulatedWrite(probe.ep.get());
+  PrintHeader("server", plan, wait, path, emulated);
+  RequireDeviceWrites(path, emulated);
   // Control messages have an endpoint of their own on lane 0's NIC (service.cpp); the data
   // lanes are opened once, by the threads that drive them, for every client.
   Engine engine(options, plan, topology, wait, path);

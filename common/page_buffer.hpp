@@ -65,6 +65,7 @@ struct MemoryPath {
   // Direct in name only: a NIC provider that takes GPU memory but copies it through host memory
   // with the CUDA API (it refused to do without it). --gpu-path direct refuses this path.
   bool provider_copies = false;
+  bool direct_required = false;  // --gpu-path direct (or a p5's default): nothing less runs
 };
 
 // Fills `buffer` from `offset` with the pages `ids` of data set `seed` (page_data.hpp), one

@@ -109,6 +109,13 @@ static std::string HowDirect(fid_domain* domain, const fi_info& info, bool dmabu
   return how;
 }
 
+void RequireDeviceWrites(const MemoryPath& path, std::optional<bool> emulated_write) {
+  if (path.direct_required && emulated_write.value_or(false))
+    throw HardwareAbsent(
+        "--gpu-path direct: efa emulates RDMA WRITE with messages on this device "
+        "(FI_OPT_EFA_EMULATED_WRITE): the NIC would not write GPU memory itself");
+}
+
 void RefuseCudaApi(fid_ep* ep, const MemoryPath& path) {
   if (!path.nic_only) return;
 #if HAVE_CUDA_API_PERMITTED
@@ -165,6 +172,7 @@ MemoryPath ChooseMemoryPath(fid_domain* domain, const fi_info& info, MemoryKind 
   }
   if (why.empty()) {
     MemoryPath path{PageBuffer::Path::kGpuDirect, "", allocation};
+    path.direct_required = mode == GpuPathMode::kDirect;
     path.why = HowDirect(domain, info, dmabuf, allocation, &path.nic_only, &path.provider_copies);
     if (path.provider_copies && mode == GpuPathMode::kDirect)
       throw HardwareAbsent("--gpu-path direct: " + path.why);

@@ -60,6 +60,9 @@ bool ExpectsGpuDirect(const std::string& type);
 // GPU memory through host memory with the CUDA API then refuses, and this throws Error saying
 // so, instead of the run measuring a slow path it did not ask for. Nothing otherwise.
 void RefuseCudaApi(fid_ep* ep, const MemoryPath& path);
+// Under --gpu-path direct (`path.direct_required`), an RDMA WRITE that efa emulates with
+// messages is no direct path either: HardwareAbsent (exit 77) naming it.
+void RequireDeviceWrites(const MemoryPath& path, std::optional<bool> emulated_write);
 // efa: whether its RDMA WRITE is emulated with messages (FI_OPT_EFA_EMULATED_WRITE true) rather
 // than done by the device; nullopt where the provider does not say (not efa, headers < 1.18).
 std::optional<bool> EmulatedWrite(fid_ep* ep);
