@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "error.hpp"
 #include "registration.hpp"
 #include "report.hpp"
 
@@ -191,4 +192,16 @@ TEST(Report, WireWarningsWhereWritesWereEmulated) {
                            0),
             0u)
       << lines[0];
+}
+
+// Under --gpu-path direct an RDMA WRITE that efa emulates with messages is refused (exit 77);
+// elsewhere, or where the provider does not say, nothing is.
+TEST(Registration, DirectRefusesEmulatedWrites) {
+  MemoryPath path{PageBuffer::Path::kGpuDirect, "GPUDirect RDMA", GpuAllocation::kMalloc};
+  path.direct_required = true;
+  EXPECT_THROW(RequireDeviceWrites(path, true), HardwareAbsent);
+  EXPECT_NO_THROW(RequireDeviceWrites(path, false));
+  EXPECT_NO_THROW(RequireDeviceWrites(path, std::nullopt));
+  path.direct_required = false;
+  EXPECT_NO_THROW(RequireDeviceWrites(path, true));
 }
