@@ -36,8 +36,10 @@ CheckLine LibfabricLine() {
   return {Verdict::kOk, "libfabric", detail, ""};
 }
 
-// The providers offered; on a host with EFA devices, efa and its fabrics.
-std::vector<CheckLine> ProviderLines(bool efa_devices) {
+// The providers offered; on a host with EFA devices, efa and the fabrics it offers for what 07
+// asks (its own hints: efa-direct, for instance, only where the device takes unsolicited
+// RDMA WRITEs, since 07 asks no FI_RX_CQ_DATA).
+std::vector<CheckLine> ProviderLines(bool efa_devices, const FiInfoPtr& engine_hints) {
   std::vector<CheckLine> lines;
   const std::vector<std::string> providers = AvailableProviders();
   std::string list;
@@ -56,9 +58,9 @@ std::vector<CheckLine> ProviderLines(bool efa_devices) {
   else
     lines.push_back({Verdict::kOk, "providers", list, ""});
   if (!efa) return lines;
-  FiInfoPtr hints(fi_allocinfo());
+  FiInfoPtr hints(fi_dupinfo(engine_hints.get()));
+  free(hints->fabric_attr->prov_name);
   hints->fabric_attr->prov_name = strdup("efa");
-  hints->ep_attr->type = FI_EP_RDM;
   fi_info* found = nullptr;
   std::set<std::string> fabrics;
   if (fi_getinfo(ApiVersion(), nullptr, nullptr, 0, hints.get(), &found) == 0) {
@@ -141,9 +143,10 @@ int RunCheck(const Options& options) {
   const ProcessFacts process = ReadProcessFacts(environ);
   std::vector<CheckLine> lines = CheckHost(host, process);
   lines.push_back(LibfabricLine());
-  for (auto& l : ProviderLines(!host.efa_devices.empty())) lines.push_back(l);
+  const MemoryKind memory = process.visible_gpus > 0 ? MemoryKind::kCuda : MemoryKind::kHost;
+  for (auto& l : ProviderLines(!host.efa_devices.empty(), EngineHints(options, memory)))
+    lines.push_back(l);
   try {
-    const MemoryKind memory = process.visible_gpus > 0 ? MemoryKind::kCuda : MemoryKind::kHost;
     std::string no_hmem;
     const Plan plan = FindNics(options, {}, memory, &no_hmem, false);
     lines.push_back(PairingLine(plan));

@@ -122,6 +122,8 @@ struct Plan {
 };
 Topology LoadTopology(const Options& options);
 MemoryKind MemoryFor(const Options& options);
+// What 07 asks of a provider (FindNics; the preflight probes efa's fabrics with the same).
+FiInfoPtr EngineHints(const Options& options, MemoryKind memory);
 Plan FindNics(const Options& options, std::span<const uint8_t> peer, MemoryKind memory,
               std::string* no_hmem, bool print);
 FiInfoPtr DataLane(const fi_info& nic);

@@ -56,8 +56,7 @@ MemoryKind MemoryFor(const Options& options) {
 // (GPU 0's first), --nics of them, dealt in turn over all NICs when more lanes than NICs are
 // asked for (several endpoints on one domain, as shm and loopback tcp need).
 // `no_hmem` says why FI_HMEM was left out of the hints, if it was (the pages are then staged).
-Plan FindNics(const Options& options, std::span<const uint8_t> peer, MemoryKind memory,
-              std::string* no_hmem, bool print) {
+FiInfoPtr EngineHints(const Options& options, MemoryKind memory) {
   FiInfoPtr hints(fi_allocinfo());
   hints->ep_attr->type = FI_EP_RDM;           // reliable, unconnected: one endpoint talks to many
   hints->caps = FI_MSG | FI_SOURCE | FI_RMA;  // FI_SOURCE: completions name the sender
@@ -70,6 +69,11 @@ Plan FindNics(const Options& options, std::span<const uint8_t> peer, MemoryKind 
   // Every lane is a domain of its own, and one thread alone uses it: the provider need not
   // lock anything for us.
   hints->domain_attr->threading = FI_THREAD_DOMAIN;
+  return hints;
+}
+Plan FindNics(const Options& options, std::span<const uint8_t> peer, MemoryKind memory,
+              std::string* no_hmem, bool print) {
+  const FiInfoPtr hints = EngineHints(options, memory);
   std::vector<FiInfoPtr> domains = SelectDomains(*hints, options, peer, no_hmem);
   // Loopback is a NIC only when asked for by name, or when it is the only one.
   if (options.domain.empty() && domains.size() > 1)
