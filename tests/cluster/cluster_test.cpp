@@ -303,11 +303,16 @@ TEST(Cluster, ClientsComeAndGoAroundALongTransfer) {
   std::this_thread::sleep_for(4s);  // alone
   double from = now_s();
   Process joins(client("1", "2"));  // joins and finishes
+  // Each client counted as in once the server says so: on a busy host a client's set-up (its
+  // lanes, its 256 MiB region) can take seconds, and a victim killed before it connected is
+  // no client that went.
+  ASSERT_TRUE(WaitForOutput(server, "client 2 connected", 30s)) << server.Output();
   std::this_thread::sleep_for(3s);
   const double killed_from = now_s();
   double killed_at = 0;  // a kill is a client going: a moment of change of its own
   {
     Process victim(client("4", "3"));  // joins and is killed
+    ASSERT_TRUE(WaitForOutput(server, "client 3 connected", 30s)) << server.Output();
     std::this_thread::sleep_for(4s);
     killed_at = now_s();
     victim.Signal(SIGKILL);
