@@ -39,6 +39,26 @@ CheckLine LibfabricLine() {
 // The providers offered; on a host with EFA devices, efa and the fabrics it offers for what 07
 // asks (its own hints: efa-direct, for instance, only where the device takes unsolicited
 // RDMA WRITEs, since 07 asks no FI_RX_CQ_DATA).
+// The fabrics efa offers for 07's own hints; with_cq_data adds FI_RX_CQ_DATA, which 07 does
+// not ask, to see whether efa-direct is held back only by unsolicited write recv.
+std::set<std::string> EfaFabrics(const FiInfoPtr& engine_hints, bool with_cq_data) {
+  FiInfoPtr hints(fi_dupinfo(engine_hints.get()));
+  free(hints->fabric_attr->prov_name);
+  hints->fabric_attr->prov_name = strdup("efa");
+  if (with_cq_data) {
+    hints->mode |= FI_RX_CQ_DATA;
+    hints->rx_attr->mode |= FI_RX_CQ_DATA;
+  }
+  fi_info* found = nullptr;
+  std::set<std::string> fabrics;
+  if (fi_getinfo(ApiVersion(), nullptr, nullptr, 0, hints.get(), &found) == 0) {
+    FiInfoPtr owner(found);
+    for (const fi_info* i = found; i != nullptr; i = i->next)
+      if (i->fabric_attr->name) fabrics.insert(i->fabric_attr->name);
+  }
+  return fabrics;
+}
+
 std::vector<CheckLine> ProviderLines(bool efa_devices, const FiInfoPtr& engine_hints) {
   std::vector<CheckLine> lines;
   const std::vector<std::string> providers = AvailableProviders();
@@ -58,16 +78,7 @@ std::vector<CheckLine> ProviderLines(bool efa_devices, const FiInfoPtr& engine_h
   else
     lines.push_back({Verdict::kOk, "providers", list, ""});
   if (!efa) return lines;
-  FiInfoPtr hints(fi_dupinfo(engine_hints.get()));
-  free(hints->fabric_attr->prov_name);
-  hints->fabric_attr->prov_name = strdup("efa");
-  fi_info* found = nullptr;
-  std::set<std::string> fabrics;
-  if (fi_getinfo(ApiVersion(), nullptr, nullptr, 0, hints.get(), &found) == 0) {
-    FiInfoPtr owner(found);
-    for (const fi_info* i = found; i != nullptr; i = i->next)
-      if (i->fabric_attr->name) fabrics.insert(i->fabric_attr->name);
-  }
+  const std::set<std::string> fabrics = EfaFabrics(engine_hints, false);
   std::string names;
   for (const auto& f : fabrics) names += (names.empty() ? "" : ", ") + f;
   lines.push_back(
@@ -76,6 +87,8 @@ std::vector<CheckLine> ProviderLines(bool efa_devices, const FiInfoPtr& engine_h
            ? "none"
            : names + (fabrics.count("efa-direct") ? "" : " (efa-direct came with libfabric 2.1)"),
        "the EFA installer's libfabric"});
+  lines.push_back(UnsolicitedWriteLine(fabrics.count("efa-direct") > 0,
+                                       EfaFabrics(engine_hints, true).count("efa-direct") > 0));
   return lines;
 }
 

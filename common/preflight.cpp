@@ -3,6 +3,8 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <cctype>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -64,6 +66,26 @@ std::string Get(const std::map<std::string, std::string>& env, const std::string
   return it == env.end() ? "" : it->second;
 }
 
+// A kernel CPU list ("0-47,96-143") as its CPUs; what does not parse is left out.
+std::vector<int> CpuList(const std::string& text) {
+  std::vector<int> cpus;
+  std::istringstream parts(text);
+  for (std::string part; std::getline(parts, part, ',');) {
+    int first = 0, last = 0;
+    const int n = std::sscanf(part.c_str(), "%d-%d", &first, &last);
+    if (n < 1 || first < 0) continue;
+    if (n == 1) last = first;
+    for (int cpu = first; cpu <= last && cpu < (1 << 16); ++cpu) cpus.push_back(cpu);
+  }
+  return cpus;
+}
+
+// A device's NUMA node from its numa_node file (-1: none, as on one-socket hosts).
+int NumaNode(const fs::path& file) {
+  auto line = FirstLine(file);
+  return line ? std::atoi(line->c_str()) : -1;
+}
+
 std::string Bytes(uint64_t bytes) {
   if (bytes >= (1ull << 30)) return std::to_string(bytes >> 30) + " GiB";
   if (bytes >= (1ull << 20)) return std::to_string(bytes >> 20) + " MiB";
@@ -101,6 +123,23 @@ HostFacts ReadHostFacts(const std::string& root) {
     h.efa_port_state[dev] =
         FirstLine(r / "sys/class/infiniband" / dev / "ports/1/state").value_or("unknown");
   h.efa_driver = FirstLine(r / "sys/module/efa/version").value_or("");
+  std::ifstream status(r / "proc/self/status");
+  for (std::string line; std::getline(status, line);)
+    if (line.rfind("Cpus_allowed_list:", 0) == 0) h.allowed_cpus = CpuList(line.substr(18));
+  for (const auto& node : Names(r / "sys/devices/system/node", "node"))
+    if (node.size() > 4 && std::isdigit(static_cast<unsigned char>(node[4])))
+      h.node_cpus[std::atoi(node.c_str() + 4)] =
+          CpuList(FirstLine(r / "sys/devices/system/node" / node / "cpulist").value_or(""));
+  for (const auto& dev : h.efa_devices)
+    if (int node = NumaNode(r / "sys/class/infiniband" / dev / "device/numa_node"); node >= 0)
+      ++h.node_efa[node];
+  for (const auto& gpu : h.host_gpus)  // the driver names each GPU by its PCI address
+    if (int node = NumaNode(r / "sys/bus/pci/devices" / gpu / "numa_node"); node >= 0)
+      ++h.node_gpus[node];
+  for (const char* dir : {"usr/lib/x86_64-linux-gnu", "usr/lib/aarch64-linux-gnu", "usr/lib64",
+                          "lib64", "opt/amazon/efa/lib", "opt/amazon/efa/lib64"})
+    for (const auto& name : Names(r / dir, "libefa.so.1."))
+      if (name.size() > h.libefa.size()) h.libefa = name;  // the full version, not a link
   return h;
 }
 
@@ -269,6 +308,7 @@ std::vector<CheckLine> CheckHost(const HostFacts& host, const ProcessFacts& proc
                      "FI_EFA_USE_UNSOLICITED_WRITE_RECV=0 "
                      "leaves efa-direct without RMA, as 07 asks no FI_RX_CQ_DATA)"});
   for (auto& line : CheckInstance(host, process)) lines.push_back(std::move(line));
+  lines.push_back(CheckCpus(host));
   return lines;
 }
 
@@ -336,7 +376,61 @@ std::vector<CheckLine> CheckInstance(const HostFacts& host, const ProcessFacts& 
       {host.efa_driver.empty() ? Verdict::kWarn : Verdict::kOk, "efa driver",
        host.efa_driver.empty() ? "no version in /sys/module/efa" : "version " + host.efa_driver,
        "the EFA installer's driver (efa_installer.sh), or the kernel's efa module"});
+  lines.push_back(CheckRdmaCore(host));
   return lines;
+}
+
+CheckLine CheckCpus(const HostFacts& host) {
+  if (host.allowed_cpus.empty() || host.node_cpus.empty())
+    return {Verdict::kOk, "CPUs", "affinity or NUMA nodes not readable here", ""};
+  size_t all = 0;
+  std::vector<std::string> per_node, starved;
+  for (const auto& [node, cpus] : host.node_cpus) {
+    all += cpus.size();
+    size_t mine = 0;
+    for (int cpu : cpus)
+      mine += std::count(host.allowed_cpus.begin(), host.allowed_cpus.end(), cpu);
+    per_node.push_back("node " + std::to_string(node) + ": " + std::to_string(mine));
+    const size_t efa = host.node_efa.count(node) ? host.node_efa.at(node) : 0;
+    const size_t gpus = host.node_gpus.count(node) ? host.node_gpus.at(node) : 0;
+    if (mine == 0 && efa + gpus > 0)
+      starved.push_back("node " + std::to_string(node) + " (" + std::to_string(efa) +
+                        " EFA devices, " + std::to_string(gpus) + " GPUs)");
+  }
+  const std::string mine = "may run on " + std::to_string(host.allowed_cpus.size()) + " of " +
+                           std::to_string(all) + " CPUs";
+  if (starved.empty()) return {Verdict::kOk, "CPUs", mine + "; " + Join(per_node), ""};
+  return {Verdict::kWarn, "CPUs",
+          mine + ", none of " + Join(starved) +
+              ": those groups' threads would poll across the socket link",
+          "let it run on every node: Slurm --exclusive or --cpu-bind=none, Kubernetes CPU "
+          "requests spanning both sockets, or taskset/numactl naming each node's cores"};
+}
+
+CheckLine CheckRdmaCore(const HostFacts& host) {
+  // libefa.so.1.<ABI minor>.<rdma-core version>: 1.3.56.0 is rdma-core 56.0.
+  const std::string name = host.libefa;
+  size_t at = name.find("so.1.");
+  at = at == std::string::npos ? at : name.find('.', at + 5);
+  if (at == std::string::npos || at + 1 >= name.size())
+    return {Verdict::kWarn, "rdma-core", "no libefa.so.1 found in the library folders",
+            "the EFA installer (or the distribution's rdma-core, libefa1 on Debian and Ubuntu): "
+            "efa needs libefa; libfabric 2.6 builds on rdma-core 31 or later"};
+  return {Verdict::kOk, "rdma-core", name.substr(at + 1) + " (" + name + ")", ""};
+}
+
+CheckLine UnsolicitedWriteLine(bool direct_for_07, bool direct_with_cq_data) {
+  if (direct_for_07)
+    return {Verdict::kOk, "unsolicited write recv", "supported: efa-direct takes 07's hints", ""};
+  if (!direct_with_cq_data)
+    return {Verdict::kOk, "unsolicited write recv",
+            "not known: this libfabric offers no efa-direct (2.1 and later do)", ""};
+  return {Verdict::kWarn, "unsolicited write recv",
+          "not supported by the device or by the rdma-core libfabric was built with: "
+          "efa-direct then needs FI_RX_CQ_DATA, which 07 does not ask, so 07 runs on the efa "
+          "fabric",
+          "a peer that differs in this gets emulated WRITEs (2.6 efa_rdm_rma.c): run both "
+          "hosts with the same instance type and EFA installer"};
 }
 
 }  // namespace common

@@ -40,6 +40,10 @@ struct HostFacts {
   std::string instance_type;           // /sys/class/dmi/id/product_name (EC2: "p5.48xlarge")
   std::map<std::string, std::string> efa_port_state;  // device -> ports/1/state ("4: ACTIVE")
   std::string efa_driver;                             // /sys/module/efa/version
+  std::vector<int> allowed_cpus;  // /proc/self/status Cpus_allowed_list: where this may run
+  std::map<int, std::vector<int>> node_cpus;  // /sys/devices/system/node/nodeN/cpulist
+  std::map<int, size_t> node_efa, node_gpus;  // each NUMA node's EFA devices and GPUs
+  std::string libefa;  // rdma-core's libefa.so.1.A.B.C in the library folders ("" if none)
 };
 HostFacts ReadHostFacts(const std::string& root);
 
@@ -60,5 +64,15 @@ std::vector<CheckLine> CheckHost(const HostFacts& host, const ProcessFacts& proc
 // The instance against what its type is sold with (EFA devices and GPUs), each EFA port's
 // state and the efa driver's version, and this build's CUDA. CheckHost adds them.
 std::vector<CheckLine> CheckInstance(const HostFacts& host, const ProcessFacts& process);
+// The CPUs this process may run on against the NUMA nodes of its NICs and GPUs: a node with
+// devices and none of its cores leaves those groups' threads across the socket link.
+CheckLine CheckCpus(const HostFacts& host);
+// rdma-core's version, from libefa's file name (its ABI, then rdma-core's version: 1.3.56.0).
+CheckLine CheckRdmaCore(const HostFacts& host);
+// efa's unsolicited-write-recv support, as libfabric 2.1 and later show it: efa-direct is
+// offered for 07's hints (FI_RMA, no FI_RX_CQ_DATA) only where the device and the rdma-core
+// libfabric was built with support it; with FI_RX_CQ_DATA it is offered either way (2.6
+// prov/efa/src/efa_user_info.c). 07 asks both ways (07_full_p5/check.cpp).
+CheckLine UnsolicitedWriteLine(bool direct_for_07, bool direct_with_cq_data);
 
 }  // namespace common

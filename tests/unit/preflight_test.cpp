@@ -48,10 +48,19 @@ void MakeP5(Tree& t) {
       const std::string dev = "rdmap" + std::to_string(first_nic_bus[g] + k) + "s0";
       t.Link("sys/class/infiniband/" + dev + "/device/driver", "../../../../bus/pci/drivers/efa");
       t.File("sys/class/infiniband/" + dev + "/ports/1/state", "4: ACTIVE\n");
+      t.File("sys/class/infiniband/" + dev + "/device/numa_node", g < 4 ? "0\n" : "1\n");
       t.File("dev/infiniband/uverbs" + std::to_string(uverbs++), "");
     }
-    t.Dir(std::string("proc/driver/nvidia/gpus/0000:") + gpu_bus[g] + ":00.0");
+    const std::string gpu = std::string("0000:") + gpu_bus[g] + ":00.0";
+    t.Dir("proc/driver/nvidia/gpus/" + gpu);
+    t.File("sys/bus/pci/devices/" + gpu + "/numa_node", g < 4 ? "0\n" : "1\n");
   }
+  // Two sockets of 48 cores, two threads each: the kernel numbers the second threads last.
+  t.File("sys/devices/system/node/node0/cpulist", "0-47,96-143\n");
+  t.File("sys/devices/system/node/node1/cpulist", "48-95,144-191\n");
+  t.File("proc/self/status", "Name:\tp5\nCpus_allowed:\tff\nCpus_allowed_list:\t0-191\n");
+  t.File("usr/lib/x86_64-linux-gnu/libefa.so.1.3.56.0", "");
+  t.File("usr/lib/x86_64-linux-gnu/libefa.so.1", "");
   t.File("proc/meminfo",
          "MemTotal:       2097152000 kB\nHugePages_Total:    5128\nHugePages_Free:     5128\n"
          "Hugepagesize:       2048 kB\n");
@@ -105,7 +114,52 @@ TEST(Preflight, P5IsReady) {
   EXPECT_EQ(Line(lines, "EFA ports").detail, "32 ACTIVE");
   EXPECT_EQ(Line(lines, "efa driver").detail, "version 2.13.0g");
   EXPECT_EQ(Line(lines, "CUDA").detail, "runtime 12.4, driver 12.4");
+  EXPECT_EQ(Line(lines, "CPUs").detail, "may run on 192 of 192 CPUs; node 0: 96, node 1: 96");
+  EXPECT_EQ(Line(lines, "rdma-core").detail, "56.0 (libefa.so.1.3.56.0)");
   std::printf("%s", All(lines).c_str());
+}
+
+// A job given the first socket's cores only (a Slurm --cpu-bind, a Kubernetes CPU request that
+// fits one socket): node 1's 16 EFA devices and 4 GPUs get no CPU of their own.
+TEST(Preflight, CpusOfOneSocketOnly) {
+  Tree t;
+  MakeP5(t);
+  t.File("proc/self/status", "Cpus_allowed_list:\t0-47\n");
+  const HostFacts host = ReadHostFacts(t.root());
+  EXPECT_EQ(host.allowed_cpus.size(), 48u);
+  EXPECT_EQ(host.node_efa.at(1), 16u);
+  EXPECT_EQ(host.node_gpus.at(1), 4u);
+  const CheckLine cpus = CheckCpus(host);
+  EXPECT_EQ(cpus.verdict, Verdict::kWarn);
+  EXPECT_EQ(cpus.detail,
+            "may run on 48 of 192 CPUs, none of node 1 (16 EFA devices, 4 GPUs): those groups' "
+            "threads would poll across the socket link");
+  EXPECT_NE(cpus.fix.find("--cpu-bind=none"), std::string::npos);
+  EXPECT_EQ(PreflightExitCode(CheckHost(host, P5Process())), 0);  // slower, not broken
+}
+
+// No libefa: the efa provider cannot load; the line says where rdma-core comes from.
+TEST(Preflight, NoRdmaCore) {
+  Tree t;
+  MakeP5(t);
+  fs::remove_all(fs::path(t.root()) / "usr/lib");
+  const CheckLine line = Line(CheckHost(ReadHostFacts(t.root()), P5Process()), "rdma-core");
+  EXPECT_EQ(line.verdict, Verdict::kWarn);
+  EXPECT_EQ(line.detail, "no libefa.so.1 found in the library folders");
+  EXPECT_NE(line.fix.find("EFA installer"), std::string::npos);
+}
+
+// Unsolicited write recv, as efa's fabrics for 07's hints and with FI_RX_CQ_DATA show it.
+TEST(Preflight, UnsolicitedWriteRecv) {
+  EXPECT_EQ(UnsolicitedWriteLine(true, true).verdict, Verdict::kOk);
+  EXPECT_EQ(UnsolicitedWriteLine(true, true).detail, "supported: efa-direct takes 07's hints");
+  const CheckLine old_libfabric = UnsolicitedWriteLine(false, false);
+  EXPECT_EQ(old_libfabric.verdict, Verdict::kOk);
+  EXPECT_NE(old_libfabric.detail.find("not known"), std::string::npos);
+  const CheckLine lacking = UnsolicitedWriteLine(false, true);
+  EXPECT_EQ(lacking.verdict, Verdict::kWarn);
+  EXPECT_NE(lacking.detail.find("07 runs on the efa fabric"), std::string::npos);
+  EXPECT_NE(lacking.fix.find("emulated WRITEs"), std::string::npos);
 }
 
 // A p5 launched with 16 of its 32 EFA interfaces, one port down: it must not pass.
