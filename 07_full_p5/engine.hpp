@@ -358,6 +358,7 @@ struct Peer : service::Session {
   // What its NICs sent on the wire while it was connected (their own counters; other
   // clients' traffic on the same NICs included): beside the bytes it wrote.
   std::unique_ptr<WireBytes> wire;
+  std::unique_ptr<WireBytes> resent;               // what they sent again (efa; absent elsewhere)
   uint64_t reservation = 0;                        // its part of the engine's --server-memory
   std::optional<Clock::time_point> leaving_since;  // when Leave was first called
   bool stuck = false;

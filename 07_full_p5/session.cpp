@@ -401,6 +401,14 @@ std::string Peer::Totals() const {
                   "; NIC counters: %zu NIC%s sent %.1f MB on the wire while it was open",
                   per_nic.size(), per_nic.size() == 1 ? "" : "s", static_cast<double>(sent) / 1e6);
     text += wire_text;
+    if (resent && !resent->empty()) {  // SRD's retransmissions: a lossy or congested path
+      uint64_t again = 0;
+      for (const auto& [nic, b] : resent->Bytes()) again += b;
+      std::snprintf(wire_text, sizeof(wire_text), ", %.1f MB of them sent again (%.2f%%)",
+                    static_cast<double>(again) / 1e6,
+                    sent ? 100.0 * static_cast<double>(again) / static_cast<double>(sent) : 0.0);
+      text += wire_text;
+    }
   }
   return text;
 }
@@ -614,6 +622,8 @@ std::unique_ptr<service::Session> Engine::Open(const wire::Connect& connect) {
   for (size_t l = 0; l < used; ++l) domains.push_back(plan.lanes[l]->domain_attr->name);
   p->wire = std::make_unique<WireBytes>(domains, WireDirection::kSent);
   p->wire->Start();
+  p->resent = std::make_unique<WireBytes>(domains, WireDirection::kRetransmitted);
+  p->resent->Start();
   return p;
 }
 // Once a round: a thread that has not gone round for --peer-timeout is stuck inside a

@@ -27,10 +27,13 @@ std::string WireCounterPath(const std::string& domain, WireDirection direction,
     if (device.size() > std::string(suffix).size() &&
         device.compare(device.size() - std::string(suffix).size(), std::string::npos, suffix) == 0)
       device.resize(device.size() - std::string(suffix).size());
-  const fs::path efa = fs::path(root) / "sys/class/infiniband" / device / "ports/1/hw_counters" /
-                       (sent ? "rdma_write_bytes" : "rdma_write_recv_bytes");
+  const char* counter = sent ? "rdma_write_bytes" : "rdma_write_recv_bytes";
+  if (direction == WireDirection::kRetransmitted) counter = "retrans_bytes";
+  const fs::path efa =
+      fs::path(root) / "sys/class/infiniband" / device / "ports/1/hw_counters" / counter;
   std::error_code ec;
   if (fs::exists(efa, ec)) return efa.string();
+  if (direction == WireDirection::kRetransmitted) return "";
   const fs::path net =
       fs::path(root) / "sys/class/net" / domain / "statistics" / (sent ? "tx_bytes" : "rx_bytes");
   if (fs::exists(net, ec)) return net.string();

@@ -3,7 +3,8 @@
 // moved. A figure the program computes can be wrong; the NIC's count of what it carried is
 // the check (README.md of 07, "Wire bytes"). Read under a root folder ("/" or a fixture tree).
 //   efa (rdmap79s0-rdm):  /sys/class/infiniband/rdmap79s0/ports/1/hw_counters/
-//                         rdma_write_bytes (the writer), rdma_write_recv_bytes (the target)
+//                         rdma_write_bytes (the writer), rdma_write_recv_bytes (the target),
+//                         retrans_bytes (what SRD sent again; devices from Nitro v4 count it)
 //   a netdev (mcb2, eth0): /sys/class/net/mcb2/statistics/tx_bytes, rx_bytes
 //   shm: no NIC, nothing to read.
 #pragma once
@@ -16,7 +17,8 @@
 
 namespace common {
 
-enum class WireDirection { kSent, kReceived };
+// kRetransmitted: the bytes the sender's NIC sent again (efa only; a netdev has no such count).
+enum class WireDirection { kSent, kReceived, kRetransmitted };
 
 // The counter file of a libfabric domain's NIC for WRITEs in one direction, or "" where it
 // has none (shm, or nothing under `root` for that name).

@@ -67,3 +67,24 @@ TEST(NicCounters, DeviceWritesOnlyWhereTheDeviceCountsThem) {
   EXPECT_FALSE(CountsDeviceWrites("shm", root.string()));
   std::filesystem::remove_all(root);
 }
+
+// Retransmitted bytes: efa devices that count them (retrans_bytes), nothing from a netdev or
+// from an efa device of a type without that counter.
+TEST(WireBytes, RetransmittedOnlyWhereTheDeviceCountsThem) {
+  Tree t;
+  const std::string efa = "sys/class/infiniband/rdmap79s0/ports/1/hw_counters/";
+  t.Set(efa + "retrans_bytes", 10);
+  t.Set("sys/class/infiniband/rdmap80s0/ports/1/hw_counters/rdma_write_bytes", 0);
+  t.Set("sys/class/net/mcb2/statistics/tx_bytes", 50);
+  EXPECT_EQ(WireCounterPath("rdmap79s0-rdm", WireDirection::kRetransmitted, t.root),
+            t.root + "/" + efa + "retrans_bytes");
+  EXPECT_EQ(WireCounterPath("rdmap80s0-rdm", WireDirection::kRetransmitted, t.root), "");
+  EXPECT_EQ(WireCounterPath("mcb2", WireDirection::kRetransmitted, t.root), "");
+  WireBytes resent({"rdmap79s0-rdm", "rdmap80s0-rdm", "mcb2"}, WireDirection::kRetransmitted,
+                   t.root);
+  resent.Start();
+  t.Set(efa + "retrans_bytes", 10 + 8192);
+  const auto bytes = resent.Bytes();
+  ASSERT_EQ(bytes.size(), 1u);
+  EXPECT_EQ(bytes.at("rdmap79s0-rdm"), 8192u);
+}
