@@ -19,8 +19,8 @@ source "$root/scripts/bench-lib.sh"  # await_server, remove_shm_regions
 
 # Builds DIR/07_full_p5 (the rung below) into DIR/07_full_p5.bin: the files that differ from
 # 07_full_p5 are compiled as compile_commands.json compiles 07's, without optimization or
-# debug information (-O0 -g0 last: a rung below is built to be run once, not timed; 13
-# compiles took 106 s on 2 cores with the build's -O2), and linked with the build's others.
+# debug information (-O0 -g0 last: a rung below is built to be run once, not timed, and
+# compiles much faster so), and linked with the build's others.
 build_below() {
   python3 - "$root" "$build" "$1" <<'PY'
 import json, os, shlex, subprocess, sys
