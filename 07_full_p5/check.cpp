@@ -36,9 +36,6 @@ CheckLine LibfabricLine() {
   return {Verdict::kOk, "libfabric", detail, ""};
 }
 
-// The providers offered; on a host with EFA devices, efa and the fabrics it offers for what 07
-// asks (its own hints: efa-direct, for instance, only where the device takes unsolicited
-// RDMA WRITEs, since 07 asks no FI_RX_CQ_DATA).
 // The fabrics efa offers for 07's own hints; with_cq_data adds FI_RX_CQ_DATA, which 07 does
 // not ask, to see whether efa-direct is held back only by unsolicited write recv.
 std::set<std::string> EfaFabrics(const FiInfoPtr& engine_hints, bool with_cq_data) {
@@ -59,6 +56,9 @@ std::set<std::string> EfaFabrics(const FiInfoPtr& engine_hints, bool with_cq_dat
   return fabrics;
 }
 
+// The providers offered; on a host with EFA devices, efa and the fabrics it offers for what 07
+// asks (its own hints: efa-direct, for instance, only where the device takes unsolicited
+// RDMA WRITEs, since 07 asks no FI_RX_CQ_DATA).
 std::vector<CheckLine> ProviderLines(bool efa_devices, const FiInfoPtr& engine_hints) {
   std::vector<CheckLine> lines;
   const std::vector<std::string> providers = AvailableProviders();

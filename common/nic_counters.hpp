@@ -20,8 +20,8 @@ namespace common {
 // kRetransmitted: the bytes the sender's NIC sent again (efa only; a netdev has no such count).
 enum class WireDirection { kSent, kReceived, kRetransmitted };
 
-// The counter file of a libfabric domain's NIC for WRITEs in one direction, or "" where it
-// has none (shm, or nothing under `root` for that name).
+// The counter file of a libfabric domain's NIC for WRITEs in one direction (or those sent
+// again), or "" where it has none (shm, or nothing under `root` for that name).
 std::string WireCounterPath(const std::string& domain, WireDirection direction,
                             const std::string& root = "/");
 
