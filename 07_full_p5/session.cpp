@@ -430,7 +430,7 @@ Engine::Engine(const Options& options_in, const Plan& plan_in, const Topology& t
   Build(ShapeFor(EngineFromOptions(options), plan));
 }
 // Stops the threads (a loop takes <= 100 ms); one that does not come back from the provider
-// is left to the process's exit.
+// is said and left to the process's exit, with its lanes open.
 void StopWorkers(std::vector<std::unique_ptr<Worker>>& workers) {
   for (auto& w : workers) {
     w->stop = true;
@@ -446,6 +446,10 @@ void StopWorkers(std::vector<std::unique_ptr<Worker>>& workers) {
     if (w->exited) {
       if (w->thread.joinable()) w->thread.join();
     } else {
+      std::printf(
+          "engine: data thread %zu did not stop within 3 s (it is %s): its lanes stay "
+          "open until the process ends\n",
+          w->index, WhereIs(w->tid).c_str());
       w->thread.detach();
       (void)w.release();  // its thread still uses it
     }

@@ -1030,8 +1030,8 @@ TEST_P(HostileService, OutputLevels) {
       server.Signal(SIGTERM);
       Result done = server.Wait(30s);
       ASSERT_EQ(done.exit_code, 0) << done.out << done.err;
-      EXPECT_EQ(done.err, "");
-      EXPECT_EQ(client.err, "");
+      EXPECT_EQ(done.err, "") << done.out;
+      EXPECT_EQ(client.err, "") << client.out;
       if (level == "-q") {
         EXPECT_EQ(done.out, "addr: " + address + "\n");
         const char* summary = stage == "03_gpudirect_write" ? "received " : "summary: ";
