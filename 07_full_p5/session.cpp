@@ -430,7 +430,8 @@ Engine::Engine(const Options& options_in, const Plan& plan_in, const Topology& t
   Build(ShapeFor(EngineFromOptions(options), plan));
 }
 // Stops the threads (a loop takes <= 100 ms); one that does not come back from the provider
-// is said and left to the process's exit, with its lanes open.
+// within kStopSeconds is said and left to the process's exit, with its lanes open.
+constexpr int kStopSeconds = 3;
 void StopWorkers(std::vector<std::unique_ptr<Worker>>& workers) {
   for (auto& w : workers) {
     w->stop = true;
@@ -439,7 +440,7 @@ void StopWorkers(std::vector<std::unique_ptr<Worker>>& workers) {
     }
     w->inbox_ready.notify_all();
   }
-  const auto deadline = Clock::now() + std::chrono::seconds(3);
+  const auto deadline = Clock::now() + std::chrono::seconds(kStopSeconds);
   for (auto& w : workers) {
     while (!w->exited && Clock::now() < deadline)
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -447,9 +448,9 @@ void StopWorkers(std::vector<std::unique_ptr<Worker>>& workers) {
       if (w->thread.joinable()) w->thread.join();
     } else {
       std::printf(
-          "engine: data thread %zu did not stop within 3 s (it is %s): its lanes stay "
+          "engine: data thread %zu did not stop within %d s (it is %s): its lanes stay "
           "open until the process ends\n",
-          w->index, WhereIs(w->tid).c_str());
+          w->index, kStopSeconds, WhereIs(w->tid).c_str());
       w->thread.detach();
       (void)w.release();  // its thread still uses it
     }

@@ -425,19 +425,20 @@ TEST(Cluster, ClientsComeAndGoAroundALongTransfer) {
   const std::vector<Interval> rates = RatesEachSecond(r.err);  // --json: progress on stderr
   ASSERT_GE(rates.size(), 10u) << r.out;
   const double offset = long_from - rates.front().end_s;
-  std::vector<double> alone;
-  for (size_t k = 1; k < rates.size(); ++k)  // after the first line's start (below)
-    if (rates[k].end_s + offset < long_from + 4 - 0.5) alone.push_back(rates[k].gbps);
+  // Its seconds alone: its rate, and what the links carried (the whole churn may not starve).
+  std::vector<double> alone, links_alone;
+  for (size_t k = 1; k < rates.size(); ++k) {  // after the first line's start (below)
+    const double end = rates[k].end_s + offset;
+    if (end >= long_from + 4 - 0.5) continue;
+    alone.push_back(rates[k].gbps);
+    links_alone.push_back(links.Gbps(end - 1, end));
+  }
   ASSERT_FALSE(alone.empty()) << r.out;
-  std::sort(alone.begin(), alone.end());
-  const double full = alone[alone.size() / 2];
-  // What the links carried a second while it was alone: the whole that churn may not starve.
-  std::vector<double> links_alone;
-  for (size_t k = 1; k < rates.size(); ++k)
-    if (rates[k].end_s + offset < long_from + 4 - 0.5)
-      links_alone.push_back(links.Gbps(rates[k].end_s + offset - 1, rates[k].end_s + offset));
-  std::sort(links_alone.begin(), links_alone.end());
-  const double links_full = links_alone[links_alone.size() / 2];
+  const auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  const double full = median(alone), links_full = median(links_alone);
   ASSERT_GT(links_full, 0) << "no link counters while it was alone";
   // The first line's interval holds the start (CONNECT, the server filling its first pages),
   // which is slower than the steady rate; the last may end the transfer.

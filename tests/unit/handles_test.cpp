@@ -91,14 +91,20 @@ static int CountClose(fid*) {
   ++closes;
   return 0;
 }
+// A handle of class `fclass` whose close is `ops`' (which must outlive it).
+template <typename Fid>
+static Fid HandleOf(size_t fclass, fi_ops& ops, int (*close)(fid*)) {
+  ops.size = sizeof(ops);
+  ops.close = close;
+  Fid handle{};
+  handle.fid.fclass = fclass;
+  handle.fid.ops = &ops;
+  return handle;
+}
 
 TEST(Handles, MovedHandleIsClosedOnce) {
   fi_ops ops{};
-  ops.size = sizeof(ops);
-  ops.close = CountClose;
-  fid_ep endpoint{};
-  endpoint.fid.fclass = FI_CLASS_EP;
-  endpoint.fid.ops = &ops;
+  fid_ep endpoint = HandleOf<fid_ep>(FI_CLASS_EP, ops, CountClose);
   closes = 0;
   {
     EpPtr first(&endpoint);
@@ -119,11 +125,7 @@ static int FailClose(fid*) {
 
 TEST(Handles, FailedCloseIsLoggedNotThrown) {
   fi_ops ops{};
-  ops.size = sizeof(ops);
-  ops.close = FailClose;
-  fid_cq cq{};
-  cq.fid.fclass = FI_CLASS_CQ;
-  cq.fid.ops = &ops;
+  fid_cq cq = HandleOf<fid_cq>(FI_CLASS_CQ, ops, FailClose);
   closes = 0;
   testing::internal::CaptureStderr();
   { CqPtr owner(&cq); }
@@ -136,11 +138,7 @@ TEST(Handles, FailedCloseIsLoggedNotThrown) {
 // only, on stdout, as a diagnostic; a normal run's stderr stays empty.
 TEST(Handles, BusyDomainIsADiagnostic) {
   fi_ops ops{};
-  ops.size = sizeof(ops);
-  ops.close = FailClose;
-  fid_domain domain{};
-  domain.fid.fclass = FI_CLASS_DOMAIN;
-  domain.fid.ops = &ops;
+  fid_domain domain = HandleOf<fid_domain>(FI_CLASS_DOMAIN, ops, FailClose);
   for (const bool verbose : {false, true}) {
     SetVerbose(verbose);
     closes = 0;
