@@ -1,7 +1,10 @@
 #include "topology.hpp"
 
+#include <fcntl.h>
 #include <hwloc/helper.h>
 #include <sched.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -157,6 +160,28 @@ bool PinThread(const Topology& topology, unsigned cpu, std::string& why) {
   hwloc_bitmap_free(set);
   if (rc != 0) why = "hwloc_set_cpubind(CPU " + std::to_string(cpu) + "): " + std::strerror(errno);
   return rc == 0;
+}
+
+std::optional<unsigned> CoreClaims::Take(const std::vector<unsigned>& cpus, std::string* why) {
+  for (unsigned cpu : cpus) {
+    const std::string path = "/dev/shm/rdma-journey.cpu" + std::to_string(cpu);
+    const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+    if (fd < 0) {
+      if (why) *why = "cannot claim cores across processes: " + path + ": " + std::strerror(errno);
+      return std::nullopt;
+    }
+    fchmod(fd, 0666);  // whatever the umask: another user's process claims through it too
+    if (flock(fd, LOCK_EX | LOCK_NB) == 0) {  // a lock per open file: our own threads too
+      fds_.push_back(fd);
+      return cpu;
+    }
+    close(fd);
+  }
+  return std::nullopt;
+}
+void CoreClaims::Release() {
+  for (int fd : fds_) close(fd);  // closing lets the lock go; the empty file stays for others
+  fds_.clear();
 }
 
 bool BindThreadMemory(const Topology& topology, int numa, std::string& why) {

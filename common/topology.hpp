@@ -100,6 +100,25 @@ std::vector<unsigned> ControlCpus(const std::vector<unsigned>& given,
 // false and why where refused.
 bool BindThreadTo(const std::vector<unsigned>& cpus, std::string& why);
 
+// The cores this process's pinned threads hold, known to every process of this host: a lock
+// (flock) on /dev/shm/rdma-journey.cpu<N> per core, which the kernel lets go when the process
+// ends, however it ends. Processes that pin (07's server and its clients) take the cores no
+// other holds, so K clients on one host pin like K hosts instead of all on the same core.
+class CoreClaims {
+ public:
+  CoreClaims() = default;
+  CoreClaims(const CoreClaims&) = delete;
+  CoreClaims& operator=(const CoreClaims&) = delete;
+  ~CoreClaims() { Release(); }
+  // The first of `cpus`, in their order, that no thread of any process holds, now held;
+  // nullopt when every one is held (or the locks cannot be made here: `why` says so).
+  std::optional<unsigned> Take(const std::vector<unsigned>& cpus, std::string* why = nullptr);
+  void Release();
+
+ private:
+  std::vector<int> fds_;
+};
+
 // "0-11", "0-3,8,10-11"
 std::string FormatCpuList(const std::vector<unsigned>& cpus);
 

@@ -1,6 +1,8 @@
 // Topology grouping on hwloc XML fixtures (tests/data/, written by make_topology_fixtures.py).
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -181,4 +183,42 @@ TEST(Cores, ThisProcessIsGivenTheCoresItRunsOn) {
   EXPECT_EQ(GivenCpus(), given);
   EXPECT_FALSE(BindThreadTo({}, why));
   EXPECT_EQ(why, "no CPU to bind to");
+}
+
+// A core held by one pinned thread is not taken by another, in this process or any other of
+// this host, and comes back when its holder lets go or dies. Cores far above any real one
+// are used, so that the project's own programs running beside the test are not disturbed.
+TEST(CoreClaims, OneHolderAtATimeAcrossProcesses) {
+  const std::vector<unsigned> cpus = {100001, 100002};
+  CoreClaims first, second;
+  EXPECT_EQ(first.Take(cpus), std::optional<unsigned>(100001));
+  EXPECT_EQ(second.Take(cpus), std::optional<unsigned>(100002));  // the first is held
+  EXPECT_EQ(second.Take(cpus), std::nullopt);                      // both are
+  first.Release();
+  EXPECT_EQ(second.Take(cpus), std::optional<unsigned>(100001));
+  second.Release();
+
+  int ready[2];
+  ASSERT_EQ(pipe(ready), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {  // another process holds the first core, then is killed holding it
+    CoreClaims held;
+    const bool took = held.Take(cpus) == std::optional<unsigned>(100001);
+    (void)!write(ready[1], took ? "y" : "n", 1);
+    pause();
+    _exit(0);
+  }
+  char took = 0;
+  ASSERT_EQ(read(ready[0], &took, 1), 1);
+  EXPECT_EQ(took, 'y');
+  CoreClaims mine;
+  EXPECT_EQ(mine.Take(cpus), std::optional<unsigned>(100002));  // the child holds the first
+  mine.Release();
+  kill(child, SIGKILL);
+  waitpid(child, nullptr, 0);
+  EXPECT_EQ(mine.Take(cpus), std::optional<unsigned>(100001));  // its death let it go
+  close(ready[0]);
+  close(ready[1]);
+  for (unsigned c : cpus) unlink(("/dev/shm/rdma-journey.cpu" + std::to_string(c)).c_str());
 }
