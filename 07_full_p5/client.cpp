@@ -249,12 +249,14 @@ class ClientSession {
   // exit (a refused warmup) joins them in ~Receivers, and one may only be pinning itself then.
   Topology topology_;
   std::vector<unsigned> given_;  // the cores this client was given, before any thread pinned
+  CoreClaims claims_;            // the cores its pinned receivers hold, until they stopped
   Receivers receivers_;
   // What the server said.
   uint64_t expected_ = 0;  // WRITEs owed to us, less what the server refuses
   size_t done_count_ = 0, refused_count_ = 0;
-  wire::Done served_{0, 0, UINT64_MAX, 0, 0};  // the server's clock, from its DONEs
+  wire::Done served_{0, 0, UINT64_MAX, 0};  // the server's clock, from its DONEs
   uint64_t setup_ns_ = 0;
+  uint64_t source_bytes_ = 0;  // the server's data set, what our pages are checked against
   std::string refused_;
   bool accepted_ = false;
   // Only our server's messages count: whoever reaches our control endpoint can send it
@@ -380,9 +382,6 @@ void ClientSession::PlanRequests() {
   expected_per_lane_.assign(lanes_.size(), 0);
   for (const auto& r : requests_)
     for (size_t i = 0; i < r.pages.size(); ++i) expected_per_lane_[i % lanes_.size()] += r.repeat;
-  // The server keeps source memory for what our requests need at once, per lane.
-  engine_.memory = options_.requests * ((options_.pages + lanes_.size() - 1) / lanes_.size()) *
-                   options_.page_size;
   const size_t control_limit = MessageLimit(control_.ep.get(), *control_.info);
   if (wire::Encode(requests_[0]).size() > control_limit)
     throw UsageError("--pages " + std::to_string(options_.pages) + ": a TRANSFER of that many " +
@@ -397,6 +396,11 @@ void ClientSession::PlanReceivers() {
   // <without threads> const size_t threads = 1;
   std::map<const DeviceGroup*, size_t> per_group;
   given_ = GivenCpus();  // before any thread pins itself
+  bool claim = false;  // pinned receivers hold their cores for this host (CoreClaims)
+  // <rung pin>
+  claim = (engine_.flags & wire::kEnginePin) && IsThisSystem(topology_);
+  // </rung pin>
+  std::vector<unsigned> sharing;
   for (size_t t = 0; t < threads; ++t) {
     auto r = std::make_unique<Receiver>();
     // <rung threads>
@@ -409,14 +413,25 @@ void ClientSession::PlanReceivers() {
     for (size_t l = r->first_lane; l < r->first_lane + r->lane_count; ++l)
       r->owed += expected_per_lane_[l];
     // Cores from the group's last one down, among those this client was given (taskset,
-    // Slurm, a cpuset): a client and a server on one host (shm, loopback) then pin to
-    // different cores, as on two hosts they would not share one.
+    // Slurm, a cpuset) and, pinned, those no other process of this host holds: a server and
+    // its clients on one host (shm, loopback) then pin to different cores, as on K hosts they
+    // would not share one. Only when every core is held does a receiver share one.
     const DeviceGroup& group = plan_.groups[plan_.group_of[r->first_lane]];
     const std::vector<unsigned> cpus =
         IsThisSystem(topology_) ? CpusWithin(group.cpus, given_) : group.cpus;
-    if (!cpus.empty()) r->cpu = cpus[cpus.size() - 1 - per_group[&group]++ % cpus.size()];
+    if (!cpus.empty()) {
+      std::string why;
+      const auto held = claim ? claims_.Take({cpus.rbegin(), cpus.rend()}, &why) : std::nullopt;
+      r->cpu = held ? *held : cpus[cpus.size() - 1 - per_group[&group]++ % cpus.size()];
+      if (claim && !held) sharing.push_back(*r->cpu);
+      if (!why.empty() && print_) std::printf("note: %s\n", why.c_str());
+    }
     receivers_.threads.push_back(std::move(r));
   }
+  if (!sharing.empty() && print_)
+    std::printf("note: every core this client may use is held by a pinned thread of this host; "
+                "receivers share cpu %s\n",
+                FormatCpuList(sharing).c_str());
   rounds_seen_.assign(receivers_.threads.size(), 0);
   same_since_.assign(receivers_.threads.size(), Clock::now());
 }
@@ -450,7 +465,6 @@ void ClientSession::OnControl(Op* op, const fi_cq_data_entry& entry, fi_addr_t s
     ++done_count_;
     served_.first_post_ns = std::min(served_.first_post_ns, d->first_post_ns);
     served_.last_completion_ns = std::max(served_.last_completion_ns, d->last_completion_ns);
-    served_.fill_ns += d->fill_ns;
   } else if (auto* error = std::get_if<wire::ErrorReply>(&*message);
              error && (!accepted_ || error->request_id == 0 || Answers(error->request_id))) {
     OnRefused(*error);
@@ -469,8 +483,13 @@ void ClientSession::OnAccept(const wire::Accept& accept) {
   if (print_)
     std::printf("the server's writers are in our lanes' AVs: %zu of %zu lanes\n",
                 accept.writers.size(), lanes_.size());
+  if (accept.source_bytes < options_.page_size)
+    throw Error("the server's source pages (" + std::to_string(accept.source_bytes) +
+                " bytes a buffer) hold no page of " + std::to_string(options_.page_size) +
+                " bytes: start it with a larger --server-memory");
   accepted_ = true;
   setup_ns_ = accept.setup_ns;
+  source_bytes_ = accept.source_bytes;
   mail_->Seal(server_, accept.session);  // our requests and BYE carry it
 }
 void ClientSession::OnRefused(const wire::ErrorReply& error) {
@@ -668,8 +687,9 @@ void ClientSession::WaitForStart() {
     last_progress_ = Clock::now();
   }
 }
-// The clock runs from the first request sent to the last WRITE landed: the server's work
-// (filling its pages) counts, and nothing a provider does with completions can shrink it.
+// The clock runs from the first request sent to the last WRITE landed: the pages it moves
+// exist before it starts (the server made them once), and nothing a provider does with
+// completions can shrink it.
 // What the NICs themselves count on the wire (common/nic_counters), from here to the last
 // WRITE landed, beside the pages they carried.
 ClientSession::Timing ClientSession::Transfer() {
@@ -728,7 +748,8 @@ uint64_t ClientSession::Verify() {
   for (size_t l = 0; l < lanes_.size(); ++l) lane_views.push_back(views.at(plan_.group_of[l]));
   uint64_t verified = 0;
   for (const auto& request : requests_)
-    verified += VerifyPages(lane_views, request.pages, request.page_size, request.seed);
+    verified += VerifySourcePages(lane_views, request.pages, request.page_size, request.seed,
+                                  source_bytes_);
   return verified;
 }
 Summary ClientSession::Summarize(const Timing& t, uint64_t verified) {
@@ -748,7 +769,7 @@ Summary ClientSession::Summarize(const Timing& t, uint64_t verified) {
   summary.server_setup_seconds = static_cast<double>(setup_ns_) / 1e9;
   summary.registered_bytes = registered_;
   summary.registration_seconds = std::chrono::duration<double>(registering_).count();
-  summary.server_fill_seconds = static_cast<double>(served_.fill_ns) / 1e9;
+  summary.source_bytes = source_bytes_;
   // The first timed WRITE's arrival, from the first TRANSFER sent: what the warmup moves.
   Clock::rep first = 0;
   for (const auto& r : receivers_.threads)
@@ -791,8 +812,11 @@ Summary ClientSession::Run() {
   WaitForStart();
   const Timing timing = Transfer();
   Finish();
+  const auto checking = Clock::now();
   const uint64_t verified = Verify();
-  return Summarize(timing, verified);
+  Summary summary = Summarize(timing, verified);
+  summary.verify_seconds = std::chrono::duration<double>(Clock::now() - checking).count();
+  return summary;
 }
 Summary RunSession(const Options& options, std::span<const uint8_t> peer, wire::Engine engine,
                    bool warm, bool print) {

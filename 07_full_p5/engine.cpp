@@ -47,40 +47,22 @@ void BindToGroupMemory(const Worker& w) {
     std::printf("warning: memory not bound: %s\n", why.c_str());
 }
 // </rung numa>
-// Each data thread opens its lanes once, for every client to come, and its source memory,
-// registered once on each of them: --server-memory over the lanes, a buffer per group.
+// Each data thread opens its lanes once, for every client to come, and registers its lanes'
+// groups' source pages on them.
 void OpenLanes(Worker& w) {
-  const Engine& e = *w.engine;
+  Engine& e = *w.engine;
   for (size_t l = w.first_lane; l < w.first_lane + w.lane_count; ++l) {
     w.lanes.push_back(Network::Open(DataLane(*e.plan.lanes[l]), e.wait, &e.memory, 0, true));
     w.writers.push_back(w.lanes.back().Address());
   }
-  std::vector<size_t> groups, lanes_in;  // the groups in lane order, and their lanes here
   for (size_t l = 0; l < w.lane_count; ++l) {
-    const size_t g = e.plan.group_of[w.first_lane + l];
-    const size_t p = std::find(groups.begin(), groups.end(), g) - groups.begin();
-    if (p == groups.size()) {
-      groups.push_back(g);
-      lanes_in.push_back(0);
-    }
-    ++lanes_in[p];
-    w.pool_of.push_back(p);
+    PageBuffer& source = e.sources[e.plan.group_of[w.first_lane + l]];
+    w.source_at.push_back(static_cast<uint8_t*>(source.nic_data()));
+    w.source_mrs.push_back(
+        RegisterPages(w.lanes[l].domain.get(), *w.lanes[l].info, source, FI_WRITE));
+    w.source_desc.push_back(fi_mr_desc(w.source_mrs.back().get()));
   }
-  w.pools.resize(groups.size());
-  for (size_t p = 0; p < groups.size(); ++p) {
-    const uint64_t bytes = e.pool_per_lane * lanes_in[p];
-    // Host pages are touched as requests first fill them, not all now: a pool is sized for
-    // many clients and mostly idle.
-    w.pools[p].memory =
-        PageBuffer(bytes, e.memory, e.plan.groups[groups[p]].gpu.value_or(0), Pages::kHugeLazy);
-    w.pools[p].holes[0] = bytes;
-    w.pools[p].mrs.resize(w.lane_count);
-  }
-  for (size_t l = 0; l < w.lane_count; ++l) {
-    SourcePool& pool = w.pools[w.pool_of[l]];
-    pool.mrs[l] = RegisterPages(w.lanes[l].domain.get(), *w.lanes[l].info, pool.memory, FI_WRITE);
-  }
-  w.riders.resize(w.lane_count);
+  w.riders.assign(w.lane_count, nullptr);
   if (IsThisSystem(e.topology))
     w.placement = DescribePlacement(e.topology);
   else  // a rehearsal (--topology): where it would run there
@@ -146,8 +128,8 @@ void CountWrite(Op* op) {
 // A completion: its WRITE's, and those of the WRITEs it vouches for (Flush).
 void CountCompletion(Op* op) {
   ++op->share->slot->completions;
-  for (Op* rider : op->riders) CountWrite(rider);
-  op->riders.clear();
+  for (Op* rider = std::exchange(op->rider, nullptr); rider != nullptr;)
+    CountWrite(std::exchange(rider, std::exchange(rider->rider, nullptr)));
   CountWrite(op);
 }
 // Clients that come and go, and new shares, from the control thread. A client's entries go
@@ -180,59 +162,32 @@ void TakeInbox(Worker& w) {
   for (auto& share : shares) {
     PeerSlot& slot = *share->slot;
     if (slot.leaving) continue;  // a request that crossed its BYE
-    w.unplaced.push_back(share.get());
     slot.shares.push_back(std::move(share));
     slot.shares_held.store(slot.shares.size(), std::memory_order_relaxed);
     slot.last_work.store(Clock::now().time_since_epoch().count(), std::memory_order_relaxed);
   }
   for (PeerSlot* slot : leaving) {
     if (slot->left) continue;
-    // No new WRITE for it: what is not placed is dropped, what is placed ends with the WRITEs
+    // No new WRITE for it: what is not begun is dropped, what is begun ends with the WRITEs
     // already prepared, which complete (or fail) as any other.
     slot->leaving = true;
-    std::erase_if(w.unplaced, [&](const Share* s) { return s->slot == slot; });
-    std::erase_if(slot->shares, [](const auto& s) { return !s->placed; });
+    std::erase_if(slot->shares, [](const auto& s) { return s->prepared == 0; });
     for (auto& share : slot->shares) share->total = share->prepared;
     // WRITEs prepared and not posted are dropped, unless some went out with FI_MORE before
     // them: the provider may hold those until a post rings the doorbell.
     for (size_t l = 0; l < slot->pending.size(); ++l) {
-      if (slot->held_back[l]) continue;
-      for (Op* op : slot->pending[l]) ReturnOp(op, false);
-      slot->pending[l].clear();
+      for (PendingWrites& queue = slot->pending[l]; !slot->held_back[l] && !queue.empty();) {
+        ReturnOp(queue.front(), false);
+        queue.pop_front();
+      }
     }
-  }
-}
-// Shares take room in the thread's source memory in order of arrival (one that waits for room
-// holds back those behind it), and their pages are filled there.
-void PlaceShares(Worker& w) {
-  while (!w.unplaced.empty()) {
-    Share& share = *w.unplaced.front();
-    SourcePool& pool = w.pools[share.pool];
-    const auto at = pool.Take(share.bytes);
-    if (!at) return;
-    const auto start = Clock::now();
-    const wire::Transfer& t = share.request->transfer;
-    share.offset = *at;
-    const bool host = w.engine->memory.path == PageBuffer::Path::kHost;
-    if (!host && w.staging.size() < share.bytes) w.staging = HostBuffer(share.bytes);
-    uint8_t* pages = host ? static_cast<uint8_t*>(pool.memory.nic_data()) + *at : w.staging.data();
-    for (size_t k = 0; k < share.positions.size(); ++k)
-      FillPage({pages + k * t.page_size, t.page_size}, t.seed, t.pages[share.positions[k]]);
-    if (!host) {  // one copy for the whole share, then the NIC's view of it
-      pool.memory.Write(*at, {pages, share.bytes});
-      pool.memory.SyncToNic();
-    }
-    share.fill_ns = static_cast<uint64_t>(
-        std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count());
-    share.placed = true;
-    w.unplaced.pop_front();
   }
 }
 // Hands a client's prepared WRITEs on a lane to the provider; each post it sends at once
 // rings the NIC's doorbell. A post the provider fails (not -FI_EAGAIN) fails that client alone;
 // one it refuses (-FI_EAGAIN) holds back that client's queue only.
 void Flush(Worker& w, PeerSlot& slot, size_t lane, bool in_poll) {
-  std::deque<Op*>& queue = slot.pending[lane];
+  PendingWrites& queue = slot.pending[lane];
   while (!queue.empty()) {
     // <rung doorbell>
     // --doorbell: in groups of the client's, FI_MORE on all but the last of each, so the
@@ -264,10 +219,8 @@ void Flush(Worker& w, PeerSlot& slot, size_t lane, bool in_poll) {
         return;
       }
       queue.pop_front();
-      if (!op->signaled)
-        w.riders[lane].push_back(op);  // the lane's next reported WRITE vouches for it
-      else
-        op->riders.swap(w.riders[lane]);
+      op->rider = w.riders[lane];  // the chain so far: this one's completion vouches for it
+      w.riders[lane] = op->signaled ? nullptr : op;  // else the lane's next reported one will
       ++slot.posts;
       if (in_poll) ++slot.posted_in_poll;
       if (!more || !w.lanes[lane].reads_more) ++slot.doorbells;  // a post sent at once
@@ -317,7 +270,7 @@ size_t PollLanes(Worker& w) {
   }
   return done;
 }
-// Prepares WRITEs of one client's placed shares, one share after another in turn, at most
+// Prepares WRITEs of one client's shares, one share after another in turn, at most
 // its --batch per lane, and posts them as soon as a doorbell's worth of a lane is ready
 // (eager posting). Page i of a request always goes out on lane i % lanes.
 void PrepareFor(Worker& w, PeerSlot& slot) {
@@ -326,7 +279,6 @@ void PrepareFor(Worker& w, PeerSlot& slot) {
   const bool eager = !slot.peer->On(wire::kEngineLazy);  // --eager-post: lazy posting off
   // </rung lazy>
   // <without lazy> const bool eager = true;
-  const size_t lanes = slot.peer->regions.size();
   // <without batch> const uint64_t batch = slot.lanes_used;  // one round: a WRITE a share
   // <without batch> uint64_t budget = batch;
   // <without batch> {
@@ -340,22 +292,22 @@ void PrepareFor(Worker& w, PeerSlot& slot) {
     prepared_any = false;
     // </rung batch>
     for (auto& share : slot.shares) {
-      if (!share->placed || share->prepared == share->total) continue;
+      if (share->prepared == share->total) continue;
       Op* op = TakeOp(slot);
       if (op == nullptr) {
         budget = 0;
         break;
       }
-      const wire::Transfer& t = share->request->transfer;
-      const size_t k = share->prepared++ % share->positions.size();
-      const size_t lane = share->positions[k] % lanes - w.first_lane;
+      const Share::Page& page = share->pages[share->next_page];
+      if (++share->next_page == share->pages.size()) share->next_page = 0;
+      ++share->prepared;
+      const size_t lane = page.lane;
       op->kind = OpKind::kWrite;
-      op->buffer = static_cast<uint8_t*>(w.pools[share->pool].memory.nic_data()) + share->offset +
-                   k * t.page_size;
-      op->length = t.page_size;
-      op->desc = fi_mr_desc(w.pools[share->pool].mrs[lane].get());
+      op->buffer = w.source_at[lane] + page.source;
+      op->length = share->request->transfer.page_size;
+      op->desc = w.source_desc[lane];
       op->share = share.get();
-      op->remote_offset = t.pages[share->positions[k]] * t.page_size;
+      op->remote_offset = page.target;
       op->lane = lane;
       slot.pending[lane].push_back(op);
       if (eager && slot.pending[lane].size() >= settings.doorbell) Flush(w, slot, lane, false);
@@ -379,17 +331,16 @@ void PostWrites(Worker& w) {
   for (size_t l = 0; l < w.lanes.size(); ++l) FlushLane(w, l, false, false);
   if (n > 0) w.next = (w.next + 1) % n;
 }
-// Shares whose WRITEs all completed give their source memory back; the last share of a
-// request hands it back to the service, with its times.
-void FinishShares(Worker& w, PeerSlot& slot, Clock::time_point now) {
+// Shares whose WRITEs all completed are done; the last share of a request hands it back to
+// the service, with its times.
+void FinishShares(PeerSlot& slot, Clock::time_point now) {
   Peer& peer = *slot.peer;
   for (auto it = slot.shares.begin(); it != slot.shares.end();) {
     Share& share = **it;
-    if (!share.placed || share.completed < share.total) {
+    if (share.completed < share.total) {
       ++it;
       continue;
     }
-    w.pools[share.pool].Give(share.offset, share.bytes);
     share.last_completion = now;  // its last completion came in this poll
     Request& r = *share.request;
     {
@@ -399,7 +350,6 @@ void FinishShares(Worker& w, PeerSlot& slot, Clock::time_point now) {
       };
       r.done.first_post_ns = std::min(r.done.first_post_ns, ns(share.first_post));
       r.done.last_completion_ns = std::max(r.done.last_completion_ns, ns(share.last_completion));
-      r.done.fill_ns += share.fill_ns;
       r.done.writes += share.completed;
       if (--r.shares_left == 0 && !slot.leaving) peer.finished.push_back(r.done);
     }
@@ -411,7 +361,7 @@ void FinishShares(Worker& w, PeerSlot& slot, Clock::time_point now) {
 // then, so no fi_addr is reused while an operation can still complete on it; its slot (which
 // their completions name) lives until then.
 void Leave(Worker& w, PeerSlot& slot) {
-  FinishShares(w, slot, Clock::now());
+  FinishShares(slot, Clock::now());
   if (slot.in_flight.load(std::memory_order_relaxed) > 0 || !slot.shares.empty()) return;
   // A client no WRITE ever reached may be a process gone before it was inserted; where the
   // provider cannot remove such a peer (RemoveNeedsMappedPeer) its entries stay, one each.
@@ -433,7 +383,6 @@ constexpr auto kStalled = std::chrono::milliseconds(20);
 // back. Returns the completions read.
 size_t Round(Worker& w) {
   TakeInbox(w);
-  PlaceShares(w);
   const size_t done = PollLanes(w);
   PostWrites(w);
   if (done > 0) {
@@ -444,7 +393,7 @@ size_t Round(Worker& w) {
         slot->last_completion.store(stamp, std::memory_order_relaxed);
         slot->last_work.store(stamp, std::memory_order_relaxed);
       }
-      FinishShares(w, *slot, now);
+      FinishShares(*slot, now);
     }
   }
   for (size_t i = w.slots.size(); i-- > 0;)
@@ -474,9 +423,8 @@ void RunWorker(Worker& w) {
         if (w.last_core >= 0) Add(w.core_moves, 1);
         w.last_core = core;
       }
-      const bool had = !w.unplaced.empty();
       const size_t done = Round(w);
-      if (done > 0 || had != !w.unplaced.empty()) {
+      if (done > 0) {
         last_work = Clock::now();
         backoff.Busy();
       }

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -72,9 +73,29 @@ struct Op {
   uint64_t remote_offset = 0;       // where in the peer's region a WRITE goes
   size_t lane = 0;                  // the lane (of its thread) a WRITE goes out on
   // Where only one WRITE of a doorbell's group reports its completion (Network::selective),
-  // whether this one does, and, if it does, the WRITEs before it that it vouches for.
+  // whether this one does, and the WRITEs before it that its completion vouches for: a chain
+  // through the unreported ones, `rider` to `rider`.
   bool signaled = true;
-  std::vector<Op*> riders;
+  Op* rider = nullptr;
+};
+// A lane's prepared WRITEs of one client, oldest first: a ring with room for the client's
+// whole window on the thread (no WRITE is prepared without a place in the window), so that a
+// WRITE on its way out allocates nothing.
+class PendingWrites {
+ public:
+  void Reserve(size_t writes) {
+    ring_.assign(std::bit_ceil(std::max<size_t>(writes, 1)), nullptr);
+    mask_ = ring_.size() - 1;
+  }
+  bool empty() const { return head_ == tail_; }
+  size_t size() const { return tail_ - head_; }
+  Op* front() const { return ring_[head_ & mask_]; }
+  void pop_front() { ++head_; }
+  void push_back(Op* op) { ring_[tail_++ & mask_] = op; }
+
+ private:
+  std::vector<Op*> ring_;
+  size_t mask_ = 0, head_ = 0, tail_ = 0;
 };
 
 inline Op* OpOf(void* context) {
@@ -180,53 +201,24 @@ struct Request {
   std::atomic<size_t> shares_left{0};
   wire::Done done;  // filled in by the shares as they finish (under the peer's mutex)
 };
-// A data thread's part of a request: the pages striped onto its lanes, in its source memory.
+// A data thread's part of a request: the pages striped onto its lanes, each WRITE's source
+// and target worked out by the control thread as it hands the share over (Peer::Dispatch), so
+// the data thread only posts.
 struct Share {
   std::shared_ptr<Request> request;
-  PeerSlot* slot = nullptr;         // the client, as the thread that serves this share sees it
-  std::vector<uint32_t> positions;  // indices into transfer.pages
-  size_t pool = 0;                  // the thread's source buffer it is placed in (its group's)
-  uint64_t offset = 0, bytes = 0;   // its pages' place there
-  bool placed = false;              // that place taken and the pages filled
-  uint64_t total = 0;               // positions x repeat
+  PeerSlot* slot = nullptr;  // the client, as the thread that serves this share sees it
+  struct Page {
+    uint64_t source = 0;  // where in the thread's source buffer (SourceOffset)
+    uint64_t target = 0;  // where in the client's region
+    size_t lane = 0;      // the thread's lane it goes out on
+  };
+  std::vector<Page> pages;
+  uint64_t total = 0;  // pages x repeat
   uint64_t prepared = 0, posted = 0, completed = 0;
+  size_t next_page = 0;  // the page the next WRITE sends: pages cycle `repeat` times
   Clock::time_point first_post{}, last_completion{};
-  uint64_t fill_ns = 0;
 };
-// A data thread's source memory: allocated and registered on its lanes once, when the engine
-// opens (the published engine registered its GPU buffers once), and lent to the shares of
-// every client's requests as they come, first fit. Filling pages is then all a request costs.
-struct SourcePool {
-  PageBuffer memory;
-  std::vector<MrPtr> mrs;              // per lane of the thread (of its group; else none)
-  std::map<uint64_t, uint64_t> holes;  // free parts: offset -> bytes
 
-  std::optional<uint64_t> Take(uint64_t bytes) {
-    for (auto it = holes.begin(); it != holes.end(); ++it) {
-      if (it->second < bytes) continue;
-      const uint64_t at = it->first, left = it->second - bytes;
-      holes.erase(it);
-      if (left > 0) holes[at + bytes] = left;
-      return at;
-    }
-    return std::nullopt;
-  }
-  void Give(uint64_t at, uint64_t bytes) {
-    auto next = holes.lower_bound(at);
-    if (next != holes.end() && at + bytes == next->first) {  // join the hole after
-      bytes += next->second;
-      next = holes.erase(next);
-    }
-    if (next != holes.begin()) {  // and the one before
-      auto prev = std::prev(next);
-      if (prev->first + prev->second == at) {
-        prev->second += bytes;
-        return;
-      }
-    }
-    holes[at] = bytes;
-  }
-};
 struct Engine;
 // How the engine is built, for all its clients: what the engine rungs switch (threads,
 // pinning, sharding, NUMA). A client's posting settings (batch, lazy, doorbell, window) are
@@ -245,21 +237,18 @@ struct Worker {
   size_t lane_count = 0;
   const DeviceGroup* group = nullptr;
   std::optional<unsigned> cpu;  // the core --pin puts it on
-  // Declared before the pools, so that the pools' MRs close before their domains.
+  // Declared before the MRs, so that they close before their domains.
   std::vector<Network> lanes;
-  // A source buffer per group among its lanes, in that group's GPU (the published engine kept
-  // a buffer per GPU, also when one thread drove every NIC): a lane writes from its own
-  // group's, never across PCIe switches and sockets. A thread per group has one.
-  std::vector<SourcePool> pools;
-  std::vector<size_t> pool_of;  // per lane of the thread: its group's pool
-  HostBuffer staging;  // GPU memory: a share's pages are filled here, then copied in one go
+  // Per lane: its group's source buffer (Engine::sources) and its registration in the lane's
+  // domain. A lane writes from its own group's pages, never across PCIe switches and sockets.
+  std::vector<uint8_t*> source_at;
+  std::vector<MrPtr> source_mrs;
+  std::vector<void*> source_desc;  // fi_mr_desc of each, read once
   std::vector<std::vector<uint8_t>> writers;  // per lane: our endpoint's address
-  std::vector<std::vector<Op*>> riders;       // per lane: posted WRITEs that report no completion
-  // The clients it serves, in turn from `next` (PostWrites), and the shares waiting for room
-  // in its source memory, in order of arrival (PlaceShares).
+  std::vector<Op*> riders;  // per lane: the chain of posted WRITEs that report no completion
+  // The clients it serves, in turn from `next` (PostWrites).
   std::vector<PeerSlot*> slots;
   size_t next = 0;
-  std::deque<Share*> unplaced;
   // Engine-wide counters (a client's own are in its PeerSlot): written by the thread only,
   // read by the control thread.
   std::atomic<uint64_t> rounds{0}, refused{0};
@@ -303,7 +292,7 @@ struct PeerSlot {
   // Per lane: its WRITEs prepared and not yet posted, and whether some went out with FI_MORE
   // and no doorbell yet. A queue per client, so that posts refused for one (a peer whose
   // connection is gone) never hold back another's.
-  std::vector<std::deque<Op*>> pending;
+  std::vector<PendingWrites> pending;
   std::vector<char> held_back;
   std::list<std::unique_ptr<Share>> shares;
   bool leaving = false;    // no new WRITEs; it leaves once those in flight completed
@@ -337,6 +326,7 @@ struct Peer : service::Session {
   bool On(uint32_t flag) const { return settings.flags & flag; }
   std::vector<std::vector<uint8_t>> Writers() const override;
   std::string Describe() const override;
+  uint64_t SourceBytes() const override;
   std::string Dispatch(wire::Transfer transfer) override;
   Report Poll() override;
   Leaving Leave() override;
@@ -359,7 +349,6 @@ struct Peer : service::Session {
   // clients' traffic on the same NICs included): beside the bytes it wrote.
   std::unique_ptr<WireBytes> wire;
   std::unique_ptr<WireBytes> resent;               // what they sent again (efa; absent elsewhere)
-  uint64_t reservation = 0;                        // its part of the engine's --server-memory
   std::optional<Clock::time_point> leaving_since;  // when Leave was first called
   bool stuck = false;
 };
@@ -369,6 +358,7 @@ struct Peer : service::Session {
 struct Cores {
   std::vector<unsigned> given;
   std::vector<unsigned> held;
+  CoreClaims claims;  // the pinned threads' cores, held for this host (common/topology.hpp)
   void Hold(const std::vector<unsigned>& cpus);
 };
 // The data thread (engine.cpp).
@@ -382,8 +372,9 @@ struct Engine : service::Engine {
   ~Engine() override;
   std::unique_ptr<service::Session> Open(const wire::Connect& connect) override;
   Report Watch() override;
-  // Opens the lanes, source memory and threads for `shape` (closing what was open first).
+  // Opens the lanes and threads for `shape` (closing what was open first).
   void Build(const Shape& shape);
+  void MakeSources();
   bool On(uint32_t flag) const;
 
   const Options& options;
@@ -392,8 +383,13 @@ struct Engine : service::Engine {
   WaitMode wait;
   MemoryPath memory;
   Shape shape;
-  uint64_t pool_per_lane = 0;  // source memory per lane (--server-memory over the lanes)
-  uint64_t reserved = 0;       // what the connected clients asked for (--server-memory)
+  // The source pages (common/page_data.hpp, FillSource): a buffer per group, in its GPU or on
+  // its NUMA node, each holding the same data set of --server-memory over the groups, made
+  // once before any client and resident (the published engine moved a KV cache that was
+  // already there, and kept a buffer per GPU). Requests only read them; the data threads
+  // register them on their lanes, again when the engine is rebuilt.
+  std::vector<PageBuffer> sources;  // per group of the plan (empty where it has no lane)
+  uint64_t source_bytes = 0;
   size_t peers = 0;            // clients connected, or never freed (a stuck leave)
   size_t stuck_leaves = 0;     // clients whose WRITEs never completed as they left
   std::vector<uint64_t> held;  // per lane: WRITEs of those clients, never to complete

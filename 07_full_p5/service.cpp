@@ -177,7 +177,8 @@ Desk::Opened Service::Open(const wire::Connect& connect, fi_addr_t id) {
       std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - opening).count());
   char setup[48];
   std::snprintf(setup, sizeof setup, "; set-up %.1f ms", static_cast<double>(setup_ns) / 1e6);
-  Desk::Opened opened{session->Writers(), session->Describe() + setup, setup_ns};
+  Desk::Opened opened{session->Writers(), session->Describe() + setup, setup_ns,
+                      session->SourceBytes()};
   clients_[id] = {std::move(session), 0};
   return opened;
 }
@@ -233,13 +234,12 @@ bool Service::PollSessions() {
     for (const wire::Done& done : report.finished) {
       busy = true;
       if (c.open_requests > 0) --c.open_requests;
-      std::printf("client %llu: %s: %llu WRITEs in %.3f s, pages filled in %.3f ms\n", number,
+      std::printf("client %llu: %s: %llu WRITEs in %.3f s\n", number,
                   done.request_id == 0xffffffff
                       ? "warmup"
                       : ("request " + std::to_string(done.request_id)).c_str(),
                   static_cast<unsigned long long>(done.writes),
-                  static_cast<double>(done.last_completion_ns - done.first_post_ns) / 1e9,
-                  static_cast<double>(done.fill_ns) / 1e6);
+                  static_cast<double>(done.last_completion_ns - done.first_post_ns) / 1e9);
       mail_.Send(id, done);
       desk_.Seen(id);  // its silence counts from the end of its request
     }

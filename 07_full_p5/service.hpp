@@ -33,6 +33,8 @@ class Session {
   virtual std::vector<std::vector<uint8_t>> Writers() const = 0;
   // "2 lanes, 1 thread, pinned, ...": the server's line for the client.
   virtual std::string Describe() const = 0;
+  // The bytes of the data set each of the engine's source buffers holds (ACCEPT carries it).
+  virtual uint64_t SourceBytes() const = 0;
   // Hands a validated request to the data threads; "" or why it cannot be served.
   virtual std::string Dispatch(wire::Transfer transfer) = 0;
   // What happened since the last call: requests finished, a failure (a WRITE failed, a data

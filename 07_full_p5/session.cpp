@@ -20,6 +20,7 @@
 
 #include "engine.hpp"
 #include "error.hpp"
+#include "page_data.hpp"
 #include "provider_watch.hpp"
 
 namespace p5 {
@@ -162,9 +163,10 @@ void Peer::Fail(const std::string& why) {
   if (failure.empty()) failure = why;
 }
 Peer::~Peer() {
-  if (engine == nullptr) return;
-  engine->reserved -= reservation;
-  --engine->peers;
+  if (engine != nullptr) --engine->peers;
+}
+uint64_t Peer::SourceBytes() const {
+  return engine->source_bytes;
 }
 std::vector<std::vector<uint8_t>> Peer::Writers() const {
   std::vector<std::vector<uint8_t>> all;
@@ -175,44 +177,41 @@ std::vector<std::vector<uint8_t>> Peer::Writers() const {
   return all;
 }
 std::string Peer::Describe() const {
-  size_t buffers = 0;
-  for (const auto& slot : slots) buffers += slot->worker->pools.size();
+  std::set<size_t> buffers;  // its lanes' groups' source buffers
+  for (size_t l = 0; l < regions.size(); ++l) buffers.insert(engine->plan.group_of[l]);
   return std::to_string(regions.size()) + " lanes, " + DescribeEngine(settings, slots.size()) +
-         ", the engine's source memory in " + std::to_string(buffers) + " buffer" +
-         (buffers == 1 ? "" : "s") + asked;
+         ", the engine's source memory in " + std::to_string(buffers.size()) + " buffer" +
+         (buffers.size() == 1 ? "" : "s") + asked;
 }
-// Splits a validated request into one share per data thread and source buffer, and hands
-// them over. A share larger than its buffer could never be placed: refused.
+// Splits a validated request into one share per data thread, each page's
+// source and target worked out here, on the control thread, and hands them over. Pages larger
+// than the data set could come from nowhere: refused.
 std::string Peer::Dispatch(wire::Transfer transfer) {
   auto request = std::make_shared<Request>();
   request->transfer = std::move(transfer);
   request->peer = this;
   const wire::Transfer& t = request->transfer;
-  request->done = {t.request_id, 0, UINT64_MAX, 0, 0};
-  std::map<std::pair<PeerSlot*, size_t>, std::unique_ptr<Share>> shares;
+  request->done = {t.request_id, 0, UINT64_MAX, 0};
+  const uint64_t source = engine->source_bytes;
+  if (t.page_size > source)
+    return "request " + std::to_string(t.request_id) + ": pages of " +
+           std::to_string(t.page_size) + " bytes, larger than this server's source pages (" +
+           std::to_string(source) + " bytes a buffer: --server-memory over its buffers)";
+  std::map<PeerSlot*, std::unique_ptr<Share>> shares;
   for (size_t i = 0; i < t.pages.size(); ++i) {
-    const size_t lane = i % regions.size();
+    const size_t lane = i % regions.size();  // page i of a request goes out on lane i % lanes
     PeerSlot* slot = at_lane[lane];
-    const size_t pool = slot->worker->pool_of[lane - slot->worker->first_lane];
-    auto& share = shares[{slot, pool}];
+    auto& share = shares[slot];
     if (!share) share = std::make_unique<Share>();
     share->slot = slot;
-    share->pool = pool;
-    share->positions.push_back(static_cast<uint32_t>(i));
-  }
-  for (auto& [at, share] : shares) {
-    share->bytes = share->positions.size() * t.page_size;
-    const uint64_t holds = at.first->worker->pools[at.second].memory.size();
-    if (share->bytes > holds)
-      return "request " + std::to_string(t.request_id) + " needs " + std::to_string(share->bytes) +
-             " bytes of source memory in a buffer of " + std::to_string(holds) +
-             " (--server-memory over the server's lanes)";
+    share->pages.push_back({SourceOffset(t.seed, t.pages[i], t.page_size, source),
+                            t.pages[i] * t.page_size, lane - slot->worker->first_lane});
   }
   request->shares_left = shares.size();
-  for (auto& [at, share] : shares) {
-    Worker& worker = *at.first->worker;
+  for (auto& [slot, share] : shares) {
+    Worker& worker = *slot->worker;
     share->request = request;
-    share->total = share->positions.size() * t.repeat;
+    share->total = share->pages.size() * t.repeat;
     {
       std::lock_guard lock(worker.inbox_mutex);
       worker.inbox.push_back(std::move(share));
@@ -281,8 +280,6 @@ service::Session::Report Peer::Poll() {
 service::Session::Leaving Peer::Leave() {
   if (!leaving_since) {
     leaving_since = Clock::now();
-    engine->reserved -= reservation;  // no new request of its can take source memory
-    reservation = 0;
     for (auto& slot : slots) {
       Worker& w = *slot->worker;
       {
@@ -425,9 +422,56 @@ Engine::Engine(const Options& options_in, const Plan& plan_in, const Topology& t
                WaitMode wait_in, MemoryPath memory_in)
     : options(options_in), plan(plan_in), topology(topology_in), wait(wait_in), memory(memory_in) {
   cores.given = GivenCpus();  // before any thread pins itself
-  // Source memory: --server-memory over the lanes, each group's part in its own buffer.
-  pool_per_lane = std::max<uint64_t>(options.server_memory / plan.lanes.size(), 4096);
+  MakeSources();
   Build(ShapeFor(EngineFromOptions(options), plan));
+}
+// The data set, made in a source buffer: in place in host memory (which touches every page:
+// resident, on the node the making thread is bound to), through a host chunk and a copy for
+// GPU memory (and its mirror, where the pages are staged).
+void MakeSourcePages(PageBuffer& memory) {
+  if (memory.path() == PageBuffer::Path::kHost) {
+    FillSource({static_cast<uint8_t*>(memory.nic_data()), memory.size()}, 0);
+    return;
+  }
+  HostBuffer chunk(std::min<size_t>(memory.size(), 64 << 20), Pages::kSmall);
+  for (size_t at = 0; at < memory.size(); at += chunk.size()) {
+    const size_t n = std::min(chunk.size(), memory.size() - at);
+    FillSource({chunk.data(), n}, at);
+    memory.Write(at, {chunk.data(), n});
+  }
+  memory.SyncToNic();
+}
+// The source pages, made once as the engine opens, before any client: a thread per group
+// with lanes, its allocations bound to the group's NUMA node, all groups at once.
+void Engine::MakeSources() {
+  const std::set<size_t> groups(plan.group_of.begin(), plan.group_of.end());
+  source_bytes = std::max<uint64_t>(options.server_memory / groups.size() / 4096 * 4096, 4096);
+  sources.resize(plan.groups.size());
+  std::vector<std::string> failures(plan.groups.size());
+  const auto began = Clock::now();
+  std::vector<std::thread> makers;
+  for (size_t g : groups)
+    makers.emplace_back([this, g, &failures] {
+      try {
+        const DeviceGroup& group = plan.groups[g];
+        std::string why;
+        if (IsThisSystem(topology) && !BindThreadMemory(topology, group.numa, why))
+          Diagnostic("source pages of group %zu: not bound to node %d: %s\n", g, group.numa,
+                     why.c_str());
+        // Mapped, not zeroed first: making the pages touches every one of them.
+        sources[g] = PageBuffer(source_bytes, memory, group.gpu.value_or(0), Pages::kHugeLazy);
+        MakeSourcePages(sources[g]);
+      } catch (const std::exception& e) {
+        failures[g] = e.what();
+      }
+    });
+  for (auto& t : makers) t.join();
+  for (const auto& why : failures)
+    if (!why.empty()) throw Error("the source pages could not be made: " + why);
+  std::printf("engine: source pages made before any request: %zu buffer%s of %.0f MiB in %s\n",
+              groups.size(), groups.size() == 1 ? "" : "s",
+              static_cast<double>(source_bytes) / (1 << 20),
+              FormatSeconds(Clock::now() - began).c_str());
 }
 // Stops the threads (a loop takes <= 100 ms); one that does not come back from the provider
 // within kStopSeconds is said and left to the process's exit, with its lanes open.
@@ -468,6 +512,7 @@ bool Engine::On(uint32_t flag) const {
 // has cores left among those this server was given (taskset, Slurm, a cpuset).
 void Engine::Build(const Shape& wanted) {
   StopWorkers(workers);
+  cores.claims.Release();
   owner.clear();
   held.assign(plan.lanes.size(), 0);  // the old lanes, and what their provider kept, are gone
   shape = wanted;
@@ -487,6 +532,9 @@ void Engine::Build(const Shape& wanted) {
     w->group = &plan.groups[plan.group_of[w->first_lane]];
     const std::vector<unsigned> cpus =
         here ? CpusWithin(w->group->cpus, cores.given) : w->group->cpus;
+    // <rung pin>
+    if (here && shape.pin) w->cpu = cores.claims.Take(cpus);  // a core no other process holds
+    // </rung pin>
     for (unsigned c : cpus)
       if (!w->cpu && !taken.count(c)) w->cpu = c;
     if (!w->cpu && !cpus.empty()) w->cpu = cpus[t % cpus.size()];  // more threads than cores
@@ -537,15 +585,6 @@ std::unique_ptr<service::Session> Engine::Open(const wire::Connect& connect) {
     throw Error("window " + std::to_string(settings.window) + " and doorbell " +
                 std::to_string(settings.doorbell) + " must fit the provider's queue of " +
                 std::to_string(tx) + " (doorbell <= window <= " + std::to_string(tx) + ")");
-  const uint64_t asked_memory = settings.memory * used;
-  if (asked_memory > options.client_memory)
-    throw Error("it asks for " + std::to_string(asked_memory) +
-                " bytes of source memory, over this server's " +
-                std::to_string(options.client_memory) + " per client (--client-memory)");
-  if (reserved + asked_memory > options.server_memory)
-    throw Error("it asks for " + std::to_string(asked_memory) + " bytes of source memory, and " +
-                "the clients connected hold " + std::to_string(reserved) + " of this server's " +
-                std::to_string(options.server_memory) + " for all (--server-memory)");
   const Shape wanted = ShapeFor(settings, plan);
   std::string asked;
   if (!(wanted == shape)) {
@@ -579,6 +618,7 @@ std::unique_ptr<service::Session> Engine::Open(const wire::Connect& connect) {
     slot->worker = w.get();
     slot->lanes_used = std::min(w->lane_count, used - w->first_lane);
     slot->pending.resize(w->lane_count);
+    for (auto& queue : slot->pending) queue.Reserve(settings.window * slot->lanes_used);
     slot->held_back.assign(w->lane_count, 0);
     // <rung shard>
     if (shape.shard) {  // its window on this thread's lanes, the thread's alone
@@ -621,8 +661,6 @@ std::unique_ptr<service::Session> Engine::Open(const wire::Connect& connect) {
     if (state == Leaving::kStuck) (void)p.release();  // a thread still holds it: never freed
     throw Error(why);
   }
-  reserved += asked_memory;
-  p->reservation = asked_memory;
   std::vector<std::string> domains;
   for (size_t l = 0; l < used; ++l) domains.push_back(plan.lanes[l]->domain_attr->name);
   p->wire = std::make_unique<WireBytes>(domains, WireDirection::kSent);

@@ -193,10 +193,13 @@ static void AddTransferOptions(CLI::App& app, Options& o) {
          "Print only the summary and errors (a server: its address and errors)")
       ->excludes("--verbose");
   AddSize(app, "--client-memory", &o.client_memory,
-          "Server: source memory a client's requests may hold at once; more is refused", "SIZE",
+          "Server (03-06): source memory a client's requests may hold at once; more is refused",
+          "SIZE",
           Range{1, kTiB});
   AddSize(app, "--server-memory", &o.server_memory,
-          "Server: source memory all clients' requests may hold at once; more is refused", "SIZE",
+          "Server: source memory. 03-06: what all clients' requests may hold at once (more is "
+          "refused); 07: its source pages, made once at start and read by every request",
+          "SIZE",
           Range{1, kTiB});
   AddSize(app, "--max-clients", &o.max_clients,
           "Server: clients connected at once; one more is refused with an ERROR (0: no limit)", "N",

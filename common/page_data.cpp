@@ -2,6 +2,7 @@
 
 #include "error.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <numeric>
 #include <random>
@@ -66,6 +67,57 @@ uint64_t VerifyPages(std::span<const std::span<const uint8_t>> lanes,
     if (bad != kPageOk)
       throw Error("verification failed: page " + std::to_string(i) + " (region page " +
                   std::to_string(pages[i]) + ") differs at byte offset " + std::to_string(bad));
+  }
+  return pages.size() * page_size;
+}
+
+// The data set's stream: a key of its own, so no page of FillPage's reads the same.
+constexpr uint64_t kSourceKey = 0x50414745534f5552ull;  // "RUOSEGAP"
+
+void FillSource(std::span<uint8_t> bytes, uint64_t offset) {
+  size_t i = 0;
+  if (offset % 8 != 0) {  // a head up to the next word
+    const uint64_t w = Word(kSourceKey, offset / 8);
+    for (; i < bytes.size() && (offset + i) % 8 != 0; ++i)
+      bytes[i] = static_cast<uint8_t>(w >> (8 * ((offset + i) % 8)));
+  }
+  uint64_t word = (offset + i) / 8;
+  for (; i + 8 <= bytes.size(); i += 8, ++word) {
+    const uint64_t w = Word(kSourceKey, word);
+    std::memcpy(bytes.data() + i, &w, 8);
+  }
+  if (i < bytes.size()) {
+    const uint64_t w = Word(kSourceKey, word);
+    std::memcpy(bytes.data() + i, &w, bytes.size() - i);
+  }
+}
+
+uint64_t SourceOffset(uint64_t seed, uint32_t page, uint64_t page_size, uint64_t source_bytes) {
+  const uint64_t pages = source_bytes / page_size;
+  return ((page % pages + seed % pages) % pages) * page_size;
+}
+
+uint64_t VerifySourcePages(std::span<const std::span<const uint8_t>> lanes,
+                           std::span<const uint32_t> pages, uint64_t page_size, uint64_t seed,
+                           uint64_t source_bytes) {
+  if (page_size == 0 || source_bytes < page_size)
+    throw Error("the server's source pages (" + std::to_string(source_bytes) +
+                " bytes) hold no page of " + std::to_string(page_size));
+  std::vector<uint8_t> want(std::min<uint64_t>(page_size, 1 << 20));
+  for (size_t i = 0; i < pages.size(); ++i) {
+    std::span<const uint8_t> page =
+        lanes[i % lanes.size()].subspan(pages[i] * page_size, page_size);
+    const uint64_t from = SourceOffset(seed, pages[i], page_size, source_bytes);
+    for (uint64_t at = 0; at < page_size; at += want.size()) {  // a chunk at a time
+      const size_t n = static_cast<size_t>(std::min<uint64_t>(want.size(), page_size - at));
+      FillSource({want.data(), n}, from + at);
+      if (std::memcmp(want.data(), page.data() + at, n) == 0) continue;
+      size_t bad = 0;
+      while (want[bad] == page[at + bad]) ++bad;
+      throw Error("verification failed: page " + std::to_string(i) + " (region page " +
+                  std::to_string(pages[i]) + ", source page " + std::to_string(from / page_size) +
+                  ") differs at byte offset " + std::to_string(at + bad));
+    }
   }
   return pages.size() * page_size;
 }

@@ -119,6 +119,7 @@ std::vector<uint8_t> Encode(const Message& message, uint32_t token) {
     w.Put(a->setup_ns);
     w.Put(a->session);
     w.Put(a->stage);
+    w.Put(a->source_bytes);
   } else if (auto* d = std::get_if<Done>(&message)) {
     type = static_cast<uint16_t>(MessageType::kDone);
     w.Put(d->request_id);
@@ -126,7 +127,6 @@ std::vector<uint8_t> Encode(const Message& message, uint32_t token) {
     w.Put(d->writes);
     w.Put(d->first_post_ns);
     w.Put(d->last_completion_ns);
-    w.Put(d->fill_ns);
   } else if (auto* x = std::get_if<Text>(&message)) {
     type = static_cast<uint16_t>(MessageType::kText);
     PutText(w, x->text);
@@ -254,6 +254,7 @@ Message Decode(std::span<const uint8_t> bytes, uint32_t* token) {
       a.session = r.Get<uint32_t>("session token");
       if (a.session == 0) throw ProtocolError("session token 0");
       a.stage = r.Get<uint32_t>("stage");
+      a.source_bytes = r.Get<uint64_t>("source bytes");
       r.ExpectEnd();
       return a;
     }
@@ -264,7 +265,6 @@ Message Decode(std::span<const uint8_t> bytes, uint32_t* token) {
       d.writes = r.Get<uint64_t>("writes");
       d.first_post_ns = r.Get<uint64_t>("first post");
       d.last_completion_ns = r.Get<uint64_t>("last completion");
-      d.fill_ns = r.Get<uint64_t>("fill time");
       if (d.last_completion_ns < d.first_post_ns)
         throw ProtocolError("last completion before first post");
       r.ExpectEnd();

@@ -17,8 +17,9 @@ namespace common::wire {
 
 inline constexpr uint32_t kMagic = 0x50444d52;  // "RMDP" on the wire, little-endian
 // 2: the header carries a token. 3: messages carry their sender's stage, and what a server
-// needs to answer a client of any later version keeps its place (kFirstStableVersion).
-inline constexpr uint16_t kVersion = 3;
+// needs to answer a client of any later version keeps its place (kFirstStableVersion). 4: 07's
+// ACCEPT names the server's source pages, and DONE no longer times a fill (pages exist).
+inline constexpr uint16_t kVersion = 4;
 // From this version on, these never move: the header; a CONNECT's first fields (its stage,
 // its reply address, its lane count and first lane's address); an ERROR whole. So a server
 // can refuse a client of another version by name, and the client read why.
@@ -140,6 +141,9 @@ struct Accept {
   uint64_t setup_ns = 0;        // 07: what opening the session cost the server (endpoints, memory)
   uint32_t session = 0;         // the token the client's later messages carry (never 0)
   uint32_t stage = OwnStage();  // the server's
+  // 07: the bytes of the data set each of the server's source buffers holds, made before any
+  // request (common/page_data.hpp, FillSource): what the client verifies its pages against.
+  uint64_t source_bytes = 0;
 };
 
 // A request the server has finished: its first WRITE posted and its last completed, in the
@@ -150,7 +154,6 @@ struct Done {
   uint64_t writes = 0;
   uint64_t first_post_ns = 0;
   uint64_t last_completion_ns = 0;
-  uint64_t fill_ns = 0;  // 07: filling the request's pages (a cost per request, not per WRITE)
 };
 
 // 02's request and answer: a text, and the server's reply to it (the text reversed).

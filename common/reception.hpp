@@ -61,6 +61,7 @@ class Reception {
     std::vector<std::vector<uint8_t>> writers;
     std::string describe;
     uint64_t setup_ns = 0;
+    uint64_t source_bytes = 0;  // 07: the server's source pages (wire::Accept)
   };
 
   // What the stage adds to the desk. busy(client): the stage still works for it (a request
@@ -416,7 +417,8 @@ class Reception {
     std::printf("client %llu connected: region of %llu bytes%s%s\n", Name(number),
                 static_cast<unsigned long long>(connect.lanes[0].region.length),
                 opened.describe.empty() ? "" : ", ", opened.describe.c_str());
-    mail_.Send(id, wire::Accept{std::move(opened.writers), opened.setup_ns, client.session});
+    mail_.Send(id, wire::Accept{std::move(opened.writers), opened.setup_ns, client.session,
+                                    wire::OwnStage(), opened.source_bytes});
     clients_[id] = std::move(client);
   }
 

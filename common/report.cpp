@@ -122,7 +122,8 @@ static std::string SummaryRecord(const Summary& s) {
   r.Add("mpps", s.seconds > 0 ? static_cast<double>(s.writes) / s.seconds / 1e6 : 0, 4);
   r.Add("verified_bytes", s.verified_bytes);
   seconds_or_null("server_setup_seconds", s.server_setup_seconds);
-  seconds_or_null("server_fill_seconds", s.server_fill_seconds);
+  count_or_null("source_bytes", s.source_bytes);
+  seconds_or_null("verify_seconds", s.verify_seconds);
   if (s.registration_seconds >= 0)
     r.Add("registered_bytes", s.registered_bytes)
         .Add("registration_seconds", s.registration_seconds);
@@ -202,6 +203,11 @@ std::string FormatSummary(const Summary& s, bool json) {
     std::snprintf(reg, sizeof(reg), "; registered %.2f GiB in %.3f ms (%.3f ms per GiB)", gib,
                   s.registration_seconds * 1e3, s.registration_seconds * 1e3 / gib);
     text += reg;
+  }
+  if (s.verify_seconds >= 0) {  // after the clock: the check, apart from the transfer
+    char check[64];
+    std::snprintf(check, sizeof(check), "; checked in %.3f s", s.verify_seconds);
+    text += check;
   }
   if (s.main_cpu_seconds >= 0) {
     char cpu[160];

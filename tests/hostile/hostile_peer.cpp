@@ -592,7 +592,7 @@ void Attack::ForgeClient() {
     for (auto& b : noise) b = static_cast<uint8_t>(wire::NewToken());
     sent += Send(*p, noise, deadline);
     sent += SendMessage(*p, wire::ErrorReply{1, "forged by a stranger"}, deadline);
-    sent += SendMessage(*p, wire::Done{1, 1, 1, 5531000000000ull, 0}, deadline);
+    sent += SendMessage(*p, wire::Done{1, 1, 1, 5531000000000ull}, deadline);
     WaitFor(
         *p, [&] { return false; }, Clock::now() + std::chrono::milliseconds(20));
   }

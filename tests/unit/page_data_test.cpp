@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <set>
 
 #include "error.hpp"
@@ -58,6 +59,51 @@ TEST(PageData, VerifyPagesChecksEachInItsLane) {
     FAIL() << "a bad byte went unnoticed";
   } catch (const Error& e) {
     EXPECT_STREQ(e.what(), "verification failed: page 3 (region page 1) differs at byte offset 7");
+  }
+}
+
+// 07's data set reads the same whatever piece is made at a time, at any byte offset: the server
+// makes it a chunk at a time, and a page of any size may start anywhere in it.
+TEST(SourcePages, AnyPieceReadsAsTheWhole) {
+  std::vector<uint8_t> whole(1000);
+  FillSource(whole, 0);
+  EXPECT_NE(std::set<uint8_t>(whole.begin(), whole.end()).size(), 1u);
+  for (size_t at : {0u, 1u, 7u, 8u, 13u, 500u})
+    for (size_t n : {1u, 3u, 8u, 9u, 487u}) {
+      std::vector<uint8_t> piece(n);
+      FillSource(piece, at);
+      EXPECT_TRUE(std::equal(piece.begin(), piece.end(), whole.begin() + at)) << at << " " << n;
+    }
+}
+
+// Page x of a request with seed s comes from source page (x + s) mod S: inside the data set,
+// another seed another source page, and what the server wrote from there verifies.
+TEST(SourcePages, PagesComeFromTheirSourceAndVerify) {
+  const uint64_t page_size = 24, source_bytes = 10 * page_size + 5, seed = 3;  // 10 pages fit
+  EXPECT_EQ(SourceOffset(seed, 0, page_size, source_bytes), 3 * page_size);
+  EXPECT_EQ(SourceOffset(seed, 8, page_size, source_bytes), 1 * page_size);  // (8 + 3) mod 10
+  EXPECT_EQ(SourceOffset(seed + 10, 8, page_size, source_bytes), 1 * page_size);
+  EXPECT_NE(SourceOffset(seed + 1, 8, page_size, source_bytes), 1 * page_size);
+  std::vector<uint8_t> source(source_bytes);
+  FillSource(source, 0);
+  const std::vector<uint32_t> pages = {5, 0, 7, 2};
+  std::vector<std::vector<uint8_t>> regions(2, std::vector<uint8_t>(8 * page_size));
+  for (size_t i = 0; i < pages.size(); ++i) {  // the WRITEs: page i in lane i % 2
+    const uint64_t from = SourceOffset(seed, pages[i], page_size, source_bytes);
+    std::copy_n(source.begin() + from, page_size, regions[i % 2].begin() + pages[i] * page_size);
+  }
+  std::vector<std::span<const uint8_t>> lanes(regions.begin(), regions.end());
+  EXPECT_EQ(VerifySourcePages(lanes, pages, page_size, seed, source_bytes), 4 * page_size);
+  EXPECT_THROW(VerifySourcePages(lanes, pages, page_size, seed + 1, source_bytes), Error);
+  EXPECT_THROW(VerifySourcePages(lanes, pages, page_size, seed, page_size - 1), Error);
+  regions[0][7 * page_size + 20] ^= 1;  // request page 2: region page 7, from source page 0
+  try {
+    VerifySourcePages(lanes, pages, page_size, seed, source_bytes);
+    FAIL() << "a bad byte went unnoticed";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(),
+                 "verification failed: page 2 (region page 7, source page 0) differs at byte "
+                 "offset 20");
   }
 }
 

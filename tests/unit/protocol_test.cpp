@@ -100,20 +100,20 @@ TEST(Protocol, EveryMessageRoundTrips) {
   EXPECT_EQ(e.text, "no");
   EXPECT_TRUE(std::holds_alternative<Bye>(Decode(Encode(Bye{}))));
   EXPECT_TRUE(std::get<Accept>(Decode(Encode(Accept{{}, 0, 5}))).writers.empty());
-  auto a = std::get<Accept>(Decode(Encode(Accept{{{1, 2}, {3, 4, 5}}, 1234, 77})));
+  auto a = std::get<Accept>(Decode(Encode(Accept{{{1, 2}, {3, 4, 5}}, 1234, 77, 7, 1ull << 30})));
   EXPECT_EQ(a.writers, (std::vector<std::vector<uint8_t>>{{1, 2}, {3, 4, 5}}));
   EXPECT_EQ(a.setup_ns, 1234u);
   EXPECT_EQ(a.session, 77u);
-  auto d = std::get<Done>(Decode(Encode(Done{7, 100, 1000, 5000, 42})));
+  EXPECT_EQ(a.source_bytes, 1ull << 30);
+  auto d = std::get<Done>(Decode(Encode(Done{7, 100, 1000, 5000})));
   EXPECT_EQ(d.request_id, 7u);
   EXPECT_EQ(d.writes, 100u);
   EXPECT_EQ(d.first_post_ns, 1000u);
   EXPECT_EQ(d.last_completion_ns, 5000u);
-  EXPECT_EQ(d.fill_ns, 42u);
 }
 
 TEST(Protocol, AcceptAndDoneFieldsAreChecked) {
-  ExpectRejected(Encode(Done{1, 1, 5000, 1000, 0}), "last completion before first post");
+  ExpectRejected(Encode(Done{1, 1, 5000, 1000}), "last completion before first post");
   auto bad = Encode(Accept{{{1, 2}}, 0, 1});
   Poke<uint32_t>(bad, 16, kMaxLanes + 1);
   ExpectRejected(bad, "writer count 65 is over the limit 64");
@@ -127,7 +127,7 @@ TEST(Protocol, AcceptAndDoneFieldsAreChecked) {
 // message; a message sent without one carries 0.
 TEST(Protocol, TokenTravelsInTheHeader) {
   const std::vector<Message> all = {SampleTransfer(), ErrorReply{1, "x"}, Bye{}, Accept{{}, 0, 9},
-                                    Done{1, 1, 1, 2, 0}};
+                                    Done{1, 1, 1, 2}};
   for (const auto& m : all) {
     uint32_t token = 1;
     Decode(Encode(m, 0xabcd1234u), &token);
@@ -175,7 +175,7 @@ TEST(Protocol, HeaderFieldsAreChecked) {
   ExpectRejected(bad, "wrong magic");
   bad = good;
   Poke<uint16_t>(bad, 4, 1);
-  ExpectRejected(bad, "wire version 1 (this program speaks 3)");
+  ExpectRejected(bad, "wire version 1 (this program speaks 4)");
   bad = good;
   Poke<uint16_t>(bad, 6, 99);
   ExpectRejected(bad, "unknown message type 99");
@@ -289,18 +289,18 @@ TEST(Protocol, AMismatchedServerIsNamed) {
 TEST(Protocol, AnotherVersionIsReadWhereItKeepsItsPlace) {
   const uint32_t own = OwnStage();
   SetOwnStage(7);
-  auto error = Encode(ErrorReply{0, "07_full_p5 speaks wire version 4"}, 9);
+  auto error = Encode(ErrorReply{0, "07_full_p5 speaks wire version 5"}, 9);
   Poke<uint16_t>(error, offsetof(Header, version), kVersion + 1);
   uint32_t token = 0;
   auto e = std::get<ErrorReply>(Decode(error, &token));
   EXPECT_EQ(token, 9u);
   EXPECT_EQ(e.version, kVersion + 1);
   EXPECT_EQ(Mismatch(e),
-            "the server speaks wire version 4 and 07_full_p5 version 3: run a client and a server "
-            "of one release (it said: 07_full_p5 speaks wire version 4)");
+            "the server speaks wire version 5 and 07_full_p5 version 4: run a client and a server "
+            "of one release (it said: 07_full_p5 speaks wire version 5)");
   auto accept = Encode(Accept{{}, 0, 1});
   Poke<uint16_t>(accept, offsetof(Header, version), kVersion + 1);
-  ExpectRejected(accept, "wire version 4 (this program speaks 3)");  // only ERROR is stable
+  ExpectRejected(accept, "wire version 5 (this program speaks 4)");  // only ERROR is stable
 
   Connect c = SampleConnect();
   auto connect = Encode(c, 77);
