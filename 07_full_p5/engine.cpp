@@ -38,8 +38,8 @@ void PinToGroupCore(const Worker& w) {
 }
 // </rung pin>
 // <rung numa>
-// --numa: what the thread allocates from here on (endpoints, queues, its source memory)
-// comes from its group's NUMA node.
+// --numa: what the thread allocates from here on (its endpoints and queues) comes from its
+// group's NUMA node; the source pages are there already (Engine::MakeSources).
 void BindToGroupMemory(const Worker& w) {
   if (!IsThisSystem(w.engine->topology)) return;
   std::string why;
