@@ -273,6 +273,40 @@ TEST_P(Engine, FourClientsAtOnce) {
   EXPECT_NE(done.out.find("served 4 clients"), std::string::npos) << done.out;
 }
 
+// Pinned threads of one host take cores no other process holds (common/topology.hpp,
+// CoreClaims): two clients given one core (taskset, the host's last), the second finds it held
+// by the first's receiver and says so once, and both verify.
+TEST_P(Engine, ClientsOfOneHostSayWhenEveryCoreIsHeld) {
+  StageServer server(kStage, provider(), 0, {"--memory", "host"});
+  ASSERT_FALSE(server.address().empty());
+  const std::string core = std::to_string(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)) - 1);
+  auto on_one_core = [&](std::vector<std::string> args) {
+    std::vector<std::string> argv = {"/usr/bin/taskset", "-c", core, StageBinary(kStage)};
+    for (auto& a : ProviderArgs(provider())) argv.push_back(a);
+    argv.push_back(server.address());
+    argv.insert(argv.end(), args.begin(), args.end());
+    return argv;
+  };
+  // Far more than it moves while the second runs: it holds the core until it is stopped.
+  Process first(on_one_core({"--memory", "host", "-S", "16k", "--pages", "64", "--requests", "2",
+                             "--repeat", "1000000", "--timeout", "60"}));
+  ASSERT_TRUE(WaitForOutput(first, "progress:", 60s)) << first.Output() << server.process().Output();
+  Result second = RunToEnd(on_one_core(Small(16)), 60s);
+  ASSERT_EQ(second.exit_code, 0) << second.out << second.err;
+  EXPECT_EQ(NumberAfter(second.out, "verified "), 16LL * 16384 * 2) << second.out;
+  const std::string note =
+      "note: every core this client may use is held by a pinned thread of this host; receivers "
+      "share cpu " + core;
+  EXPECT_NE(second.out.find(note), std::string::npos) << second.out;
+  EXPECT_EQ(first.Output().find("note: every core"), std::string::npos) << first.Output();
+  first.Signal(SIGTERM);  // Ctrl-C: it says BYE and ends
+  first.Wait(30s);
+  server.process().Signal(SIGTERM);
+  Result done = server.Wait();
+  EXPECT_EQ(done.exit_code, 0) << done.out << done.err;
+  EXPECT_NE(done.out.find("client 2 done: "), std::string::npos) << done.out;
+}
+
 // kill -9 in the middle of a transfer: the server notices, says so in one line, cleans up;
 // the client running beside it finishes verified, and the next client is served.
 // libfabric 1.17's shm completes an endpoint's WRITEs in order (main.cpp, CompletesInOrder):
