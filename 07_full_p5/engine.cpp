@@ -23,7 +23,6 @@
 #include "backoff.hpp"
 #include "engine.hpp"
 #include "error.hpp"
-#include "page_data.hpp"
 
 namespace p5 {
 

@@ -15,9 +15,7 @@
 #include <bit>
 #include <chrono>
 #include <condition_variable>
-#include <deque>
 #include <list>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
