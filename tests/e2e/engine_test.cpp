@@ -275,7 +275,8 @@ TEST_P(Engine, FourClientsAtOnce) {
 
 // Pinned threads of one host take cores no other process holds (common/topology.hpp,
 // CoreClaims): two clients given one core (taskset, the host's last), the second finds it held
-// by the first's receiver and says so once, and both verify.
+// by the first's receiver and says so, and verifies. (The first may find it held too: the
+// suite's other tests run pinned programs beside this one.)
 TEST_P(Engine, ClientsOfOneHostSayWhenEveryCoreIsHeld) {
   StageServer server(kStage, provider(), 0, {"--memory", "host"});
   ASSERT_FALSE(server.address().empty());
@@ -298,7 +299,6 @@ TEST_P(Engine, ClientsOfOneHostSayWhenEveryCoreIsHeld) {
       "note: every core this client may use is held by a pinned thread of this host; receivers "
       "share cpu " + core;
   EXPECT_NE(second.out.find(note), std::string::npos) << second.out;
-  EXPECT_EQ(first.Output().find("note: every core"), std::string::npos) << first.Output();
   first.Signal(SIGTERM);  // Ctrl-C: it says BYE and ends
   first.Wait(30s);
   server.process().Signal(SIGTERM);
