@@ -17,6 +17,7 @@ Endpoint Endpoint::Open(const fi_info& info, bool wait_fd, const MemoryPath* pag
                         size_t cq_entries, bool selective) {
   Endpoint e;
   e.info.reset(fi_dupinfo(&info));
+  SetWatchedProvider(info.fabric_attr->prov_name);
   fid_fabric* fabric = nullptr;
   FI_CHECK(fi_fabric(e.info->fabric_attr, &fabric, nullptr));
   e.fabric.reset(fabric);

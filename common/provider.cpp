@@ -1,4 +1,5 @@
 #include "provider.hpp"
+#include "provider_watch.hpp"
 #include "report.hpp"
 
 #include <rdma/fi_endpoint.h>
@@ -235,6 +236,7 @@ std::vector<FiInfoPtr> SelectDomains(const fi_info& hints, const Options& option
   NoteProvider(
       domains.front()->fabric_attr->prov_name ? domains.front()->fabric_attr->prov_name : "",
       domains.front()->fabric_attr->name ? domains.front()->fabric_attr->name : "");
+  SetWatchedProvider(domains.front()->fabric_attr->prov_name);  // for a stated exit's line
   return domains;
 }
 

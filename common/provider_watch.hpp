@@ -6,10 +6,14 @@
 // holds the spinlock of its shared region makes the next send or WRITE to it spin for good
 // (tests/provider/shm_faults.cpp shows both without project code). Nothing inside the process
 // can free that thread. The policy: an InProvider mark around each call that may spin, and a
-// watchdog thread that, once a mark is kStuckSeconds old, prints which call it is and why that
-// happens, and exits 1 at once, for the supervisor (systemd, Slurm, Kubernetes) to restart the
-// server. A mark costs two relaxed stores: the watchdog keeps the clock, in ticks.
+// watchdog thread that, once a mark is kStuckSeconds old and its thread has spent that long on
+// a CPU inside it (a spin, not a wait for a CPU on a loaded host), prints which call it is and
+// why that happens, and exits 1 at once, for the supervisor (systemd, Slurm, Kubernetes) to
+// restart the server. A mark costs two relaxed stores: the watchdog keeps the clock, in ticks,
+// and reads the thread's CPU clock only for a mark a tick old.
 #pragma once
+
+#include <time.h>
 
 #include <atomic>
 #include <cstdint>
@@ -17,16 +21,24 @@
 namespace common {
 
 inline constexpr double kStuckSeconds = 3;
+// Where the provider is not shm, whose spins are known, a call is stuck only past this: no
+// loaded host keeps a call that makes progress in it for so long.
+inline constexpr double kSlowCallSeconds = 30;
 // How long a mark may last before the watchdog ends the program (kStuckSeconds unless set).
 // A client sets its --timeout: its receive progress may stay inside one fi_cq_read while
 // its server keeps it fed (shm's receiver drains its whole command queue in one call), and
 // it is no supervised service that a quick restart helps.
 void SetStuckSeconds(double seconds);
 double StuckSeconds();
+// The provider this process's endpoints use (Endpoint::Open), named in the stated exit: the
+// causes it gives are shm's only over shm.
+void SetWatchedProvider(const char* name);
 
 struct ProviderSlot {
   std::atomic<uint32_t> since{0};  // the watchdog's tick when the call began; 0: not inside
   std::atomic<const char*> call{nullptr};
+  std::atomic<clockid_t> clock{0};  // the thread's CPU clock (pthread_getcpuclockid)
+  std::atomic<bool> clock_known{false};
 };
 inline std::atomic<uint32_t> provider_tick{1};  // advanced by the watchdog, 10 a second
 inline thread_local ProviderSlot* provider_slot = nullptr;
