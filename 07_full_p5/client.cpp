@@ -396,7 +396,7 @@ void ClientSession::PlanReceivers() {
   // <without threads> const size_t threads = 1;
   std::map<const DeviceGroup*, size_t> per_group;
   given_ = GivenCpus();  // before any thread pins itself
-  bool claim = false;  // pinned receivers hold their cores for this host (CoreClaims)
+  bool claim = false;    // pinned receivers hold their cores for this host (CoreClaims)
   // <rung pin>
   claim = (engine_.flags & wire::kEnginePin) && IsThisSystem(topology_);
   // </rung pin>
@@ -429,9 +429,10 @@ void ClientSession::PlanReceivers() {
     receivers_.threads.push_back(std::move(r));
   }
   if (!sharing.empty() && print_)
-    std::printf("note: every core this client may use is held by a pinned thread of this host; "
-                "receivers share cpu %s\n",
-                FormatCpuList(sharing).c_str());
+    std::printf(
+        "note: every core this client may use is held by a pinned thread of this host; "
+        "receivers share cpu %s\n",
+        FormatCpuList(sharing).c_str());
   rounds_seen_.assign(receivers_.threads.size(), 0);
   same_since_.assign(receivers_.threads.size(), Clock::now());
 }
@@ -493,6 +494,9 @@ void ClientSession::OnAccept(const wire::Accept& accept) {
   mail_->Seal(server_, accept.session);  // our requests and BYE carry it
 }
 void ClientSession::OnRefused(const wire::ErrorReply& error) {
+  if (!accepted_ && error.text.rfind(wire::kBusy, 0) == 0)
+    throw Busy("the server is busy (" + error.text.substr(wire::kBusy.size()) +
+               "): try again later");
   if (!accepted_) throw Error("the server refused the connection: " + error.text);
   if (refused_.empty())
     refused_ =

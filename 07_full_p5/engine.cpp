@@ -105,11 +105,12 @@ Op* TakeOp(PeerSlot& slot) {
 void ReturnOp(Op* op, bool written) {
   PeerSlot& slot = *op->share->slot;
   Add(slot.in_flight, -1);
+  slot.bytes_in_flight -= op->length;
   ++op->share->completed;
   // <rung shard>
   if (!slot.ops.empty()) {
-    slot.writes += written;
-    slot.bytes += written ? op->length : 0;
+    Add(slot.writes, written);
+    Add(slot.bytes, written ? op->length : 0);
     slot.free_ops.push_back(op);
     return;
   }
@@ -274,6 +275,14 @@ size_t PollLanes(Worker& w) {
 // (eager posting). Page i of a request always goes out on lane i % lanes.
 void PrepareFor(Worker& w, PeerSlot& slot) {
   const wire::Engine& settings = slot.peer->settings;
+  // Byte-fair (deficit round robin): each visit adds the bytes of --batch WRITEs per lane of
+  // the thread's smallest pages in service to the client's credit, and a WRITE spends its
+  // page's bytes. Clients of equal pages prepare --batch each, as without it; a client of
+  // 1 MiB pages beside one of 64 KiB gets one WRITE for the other's sixteen: equal bytes.
+  const uint64_t quantum = settings.batch * slot.lanes_used * w.fair_page;
+  slot.credit += quantum;
+  const uint64_t byte_window = uint64_t{settings.window} * slot.lanes_used * w.fair_page;
+  bool window_full = false;
   // <rung lazy>
   const bool eager = !slot.peer->On(wire::kEngineLazy);  // --eager-post: lazy posting off
   // </rung lazy>
@@ -292,18 +301,33 @@ void PrepareFor(Worker& w, PeerSlot& slot) {
     // </rung batch>
     for (auto& share : slot.shares) {
       if (share->prepared == share->total) continue;
-      Op* op = TakeOp(slot);
-      if (op == nullptr) {
+      const uint64_t page_size = share->request->transfer.page_size;
+      if (slot.credit < page_size) {  // its bytes for this visit are spent
         budget = 0;
         break;
       }
+      // Its window in bytes too: --window WRITEs of the smallest pages in service, so that
+      // larger pages do not hold more of the provider's queue than the others' (at least one).
+      if (slot.bytes_in_flight > 0 && slot.bytes_in_flight + page_size > byte_window) {
+        window_full = true;
+        budget = 0;
+        break;
+      }
+      Op* op = TakeOp(slot);
+      if (op == nullptr) {
+        window_full = true;
+        budget = 0;
+        break;
+      }
+      slot.credit -= page_size;
+      slot.bytes_in_flight += page_size;
       const Share::Page& page = share->pages[share->next_page];
       if (++share->next_page == share->pages.size()) share->next_page = 0;
       ++share->prepared;
       const size_t lane = page.lane;
       op->kind = OpKind::kWrite;
       op->buffer = w.source_at[lane] + page.source;
-      op->length = share->request->transfer.page_size;
+      op->length = page_size;
       op->desc = w.source_desc[lane];
       op->share = share.get();
       op->remote_offset = page.target;
@@ -317,11 +341,21 @@ void PrepareFor(Worker& w, PeerSlot& slot) {
     }
   }
   slot.most_prepared = std::max(slot.most_prepared, batch - budget);
+  // Credit is for bytes it could not send yet, not a hoard: none once it has nothing left to
+  // prepare, at most one visit's while its window is full.
+  if (window_full) slot.credit = std::min(slot.credit, quantum);
+  if (!window_full && budget > 0) slot.credit = 0;
 }
 // Every client in turn, from a different one each round: K clients of equal demand each get
 // about 1/K of the thread's WRITEs, each within its own window.
 void PostWrites(Worker& w) {
   const size_t n = w.slots.size();
+  // The fair share's unit: the smallest page among the shares being served (PrepareFor).
+  uint64_t smallest = UINT64_MAX;
+  for (const PeerSlot* slot : w.slots)
+    if (!slot->leaving && !slot->shares.empty())
+      smallest = std::min(smallest, slot->shares.front()->request->transfer.page_size);
+  if (smallest != UINT64_MAX) w.fair_page = smallest;
   for (size_t k = 0; k < n; ++k) {
     PeerSlot& slot = *w.slots[(w.next + k) % n];
     if (!slot.leaving) PrepareFor(w, slot);

@@ -54,6 +54,9 @@ inline constexpr uint32_t kWarmupRequest = 0xffffffff;  // the id of the untimed
 // meanwhile (Session::Poll). A live lane completes a WRITE every few microseconds, a 1 Gbit/s
 // one a 64 KiB WRITE every 0.5 ms.
 inline constexpr auto kStallTold = std::chrono::seconds(5);
+// The clients a lane takes at once: their windows fill its provider queue this many times
+// over (Engine::Open). shm's 1024 commands: 32 clients of -W 64.
+inline constexpr uint64_t kQueueTurns = 2;
 
 // One posted operation. libfabric hands `context` back in the completion (FI_CONTEXT2 mode
 // reserves it for the provider), and from it we find the whole Op again.
@@ -241,12 +244,13 @@ struct Worker {
   // domain. A lane writes from its own group's pages, never across PCIe switches and sockets.
   std::vector<uint8_t*> source_at;
   std::vector<MrPtr> source_mrs;
-  std::vector<void*> source_desc;  // fi_mr_desc of each, read once
+  std::vector<void*> source_desc;             // fi_mr_desc of each, read once
   std::vector<std::vector<uint8_t>> writers;  // per lane: our endpoint's address
   std::vector<Op*> riders;  // per lane: the chain of posted WRITEs that report no completion
   // The clients it serves, in turn from `next` (PostWrites).
   std::vector<PeerSlot*> slots;
   size_t next = 0;
+  uint64_t fair_page = 1;  // bytes: the smallest page in service, the unit of each visit's credit
   // Engine-wide counters (a client's own are in its PeerSlot): written by the thread only,
   // read by the control thread.
   std::atomic<uint64_t> rounds{0}, refused{0};
@@ -293,9 +297,13 @@ struct PeerSlot {
   std::vector<PendingWrites> pending;
   std::vector<char> held_back;
   std::list<std::unique_ptr<Share>> shares;
-  bool leaving = false;    // no new WRITEs; it leaves once those in flight completed
-  bool completed = false;  // a WRITE of its completed in this round's poll
-  uint64_t writes = 0, bytes = 0;
+  bool leaving = false;          // no new WRITEs; it leaves once those in flight completed
+  uint64_t credit = 0;           // bytes it may still prepare in this visit (PrepareFor)
+  uint64_t bytes_in_flight = 0;  // of the WRITEs it took from its window on this thread
+  bool completed = false;        // a WRITE of its completed in this round's poll
+  // What landed: read by the control thread too, for the line of a client dropped while its
+  // thread still holds WRITEs of its.
+  std::atomic<uint64_t> writes{0}, bytes{0};
   // What each rung does, counted, so that a switch that changed nothing shows (README.md).
   uint64_t most_prepared = 0, posts = 0, doorbells = 0, posted_in_poll = 0, completions = 0;
   bool entries_kept = false;  // Leave: its AV entries stay (RemoveNeedsMappedPeer)
@@ -327,6 +335,8 @@ struct Peer : service::Session {
   uint64_t SourceBytes() const override;
   std::string Dispatch(wire::Transfer transfer) override;
   Report Poll() override;
+  PeerProcess Process() const override;
+  std::string WaitingCosts() const override;
   Leaving Leave() override;
   std::string Totals() const override;
   void AddTotals(JsonRecord& record) const override;
@@ -348,7 +358,11 @@ struct Peer : service::Session {
   std::unique_ptr<WireBytes> wire;
   std::unique_ptr<WireBytes> resent;               // what they sent again (efa; absent elsewhere)
   std::optional<Clock::time_point> leaving_since;  // when Leave was first called
-  bool stuck = false;
+  bool stuck = false;             // its WRITEs were still in flight a while after it left
+  std::vector<uint64_t> held_at;  // per lane: those WRITEs, counted in Engine::held
+  uint64_t generation = 0;        // the engine's Build it joined
+  uint64_t committed = 0;         // its window, in Engine::committed until it left or is kept
+  void Uncommit();
 };
 // The cores this server was given (GivenCpus at its start) and those its pinned data threads
 // hold. Only the service thread touches it, and moves itself off the held cores while another
@@ -370,6 +384,7 @@ struct Engine : service::Engine {
   ~Engine() override;
   std::unique_ptr<service::Session> Open(const wire::Connect& connect) override;
   Report Watch() override;
+  bool Reclaim() override;
   // Opens the lanes and threads for `shape` (closing what was open first).
   void Build(const Shape& shape);
   void MakeSources();
@@ -388,9 +403,12 @@ struct Engine : service::Engine {
   // register them on their lanes, again when the engine is rebuilt.
   std::vector<PageBuffer> sources;  // per group of the plan (empty where it has no lane)
   uint64_t source_bytes = 0;
-  size_t peers = 0;            // clients connected, or never freed (a stuck leave)
-  size_t stuck_leaves = 0;     // clients whose WRITEs never completed as they left
-  std::vector<uint64_t> held;  // per lane: WRITEs of those clients, never to complete
+  uint64_t generation = 0;          // Builds so far: a kept client's count holds only in its own
+  bool stopped_clean = true;        // every thread of the last engine stopped before this Build
+  size_t peers = 0;                 // clients connected, or kept (a stuck leave)
+  size_t stuck_leaves = 0;          // clients kept: their WRITEs had not completed as they left
+  std::vector<uint64_t> held;       // per lane: WRITEs of those clients, still in the provider
+  std::vector<uint64_t> committed;  // per lane: the windows of the clients connected or leaving
   Cores cores;
   std::vector<std::unique_ptr<Worker>> workers;
   std::vector<size_t> owner;  // per lane: the worker that drives it

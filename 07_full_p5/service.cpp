@@ -25,9 +25,9 @@ namespace {
 
 constexpr size_t kRecvDepth = 16;  // control messages the server keeps receives posted for
 constexpr size_t kSendDepth = 16;
-// Clients whose WRITEs never completed (Session::Leave: over shm, a WRITE to a killed client's
-// endpoint) are never freed: past this many the server refuses new clients and says why,
-// rather than let them hold the engine's queues for good.
+// Clients whose WRITEs have not completed as they left (Session::Leave: over shm, a WRITE to a
+// killed client's endpoint) are kept until they do: past this many at once the server exits,
+// saying why, for its supervisor, rather than serve with its queues held.
 constexpr size_t kMaxStuckSessions = 64;
 
 using Mail = Mailbox<Endpoint, ControlOp>;
@@ -38,7 +38,14 @@ using Desk = Reception<Endpoint, ControlOp>;
 struct Client {
   std::unique_ptr<Session> session;
   size_t open_requests = 0;
+  // Its silence with requests open: when its process was last looked at, and whether the
+  // server has said that it waits for it.
+  Clock::time_point looked_at{};
+  bool waiting_told = false;
 };
+// A client with requests open whose WRITEs stopped completing for this long is looked at
+// (common/peer_process.hpp), once a second: gone, it is dropped at once.
+constexpr auto kLookAfter = std::chrono::seconds(1);
 
 std::string Seconds(double s) {
   char text[32];
@@ -69,21 +76,41 @@ class Leavers {
         PrintRecord(record);
       }
       if (state == Session::Leaving::kStuck) {
-        std::printf("client %llu: WRITEs of its are still in the provider: its entry is kept\n",
-                    static_cast<unsigned long long>(g.number));
-        stuck_.push_back(std::move(g.session));
+        std::printf(
+            "client %llu: WRITEs of its are still in the provider: its entry is kept "
+            "until they complete or fail\n",
+            static_cast<unsigned long long>(g.number));
+        stuck_.push_back({g.number, g.how, std::move(g.session)});
       }
       g.session.reset();
       malloc_trim(0);  // what the session's queues took goes back to the system
       return true;
     });
+    // Kept entries are asked again: WRITEs that complete or fail late (a connection reset long
+    // after its client was dropped) free them.
+    std::erase_if(stuck_, [&](Entry& k) {
+      if (k.session->Leave() != Session::Leaving::kDone) return false;
+      std::printf("client %llu: its last WRITEs left the provider: its entry is freed\n",
+                  static_cast<unsigned long long>(k.number));
+      k.session.reset();
+      malloc_trim(0);
+      return true;
+    });
   }
   bool Going() const { return !going_.empty(); }
+  // The engine reopened its lanes (Engine::Reclaim): kept sessions' WRITEs went with them.
+  void FreeKept() {
+    for (auto& k : stuck_)
+      std::printf("client %llu: its entry is freed: its WRITEs went with the lanes\n",
+                  static_cast<unsigned long long>(k.number));
+    stuck_.clear();
+    malloc_trim(0);
+  }
   size_t Stuck() const { return stuck_.size(); }
   // At exit: sessions a data thread may still hold are never freed; exit ends both.
   void Release() {
     for (auto& g : going_) (void)g.session.release();
-    for (auto& s : stuck_) (void)s.release();
+    for (auto& k : stuck_) (void)k.session.release();
   }
 
  private:
@@ -94,7 +121,7 @@ class Leavers {
     std::unique_ptr<Session> session;
   };
   std::vector<Entry> going_;
-  std::vector<std::unique_ptr<Session>> stuck_;  // WRITEs of theirs never completed
+  std::vector<Entry> stuck_;  // WRITEs of theirs have not completed yet
 };
 
 // The service: the control endpoint, the front desk (who is a client) and each client's
@@ -112,6 +139,7 @@ class Service {
   void OnCompletion(const fi_cq_data_entry& done, fi_addr_t source);
   void OnFailure(const CompletionError& error);
   bool PollSessions();
+  std::string Silence(Client& c, unsigned long long number, Clock::time_point last_sign);
   bool EngineCanGoOn();
   void OnTransfer(Desk::Request request);
 
@@ -153,12 +181,6 @@ Desk::Hooks Service::Hooks() {
   hooks.open = [this](const wire::Connect& connect, fi_addr_t id) { return Open(connect, id); };
   hooks.said = [this](uint64_t number, fi_addr_t id, const std::string& how) {
     Said(number, id, how);
-  };
-  // Each stuck session holds a window of the engine's queues.
-  hooks.full = [this] {
-    if (leavers_.Stuck() < kMaxStuckSessions) return std::string();
-    return std::to_string(leavers_.Stuck()) +
-           " clients left WRITEs in the provider that never completed: restart this server";
   };
   return hooks;
 }
@@ -249,19 +271,61 @@ bool Service::PollSessions() {
     // only messages for a client with none open).
     const auto last_sign = std::max(client->last_seen, report.last_completion);
     std::string why = report.failure;
-    if (why.empty() && c.open_requests > 0 && Clock::now() - last_sign > peer_timeout_)
-      why =
-          "silent for " + Seconds(std::chrono::duration<double>(Clock::now() - last_sign).count());
+    if (why.empty() && c.open_requests > 0) why = Silence(c, number, last_sign);
     if (!why.empty()) desk_.Lost(id, why);
   }
   return busy;
 }
+// A client with requests open and no sign of life since `last_sign`: why it is dropped, or ""
+// while it is kept. Silence is not death: a client whose process is still there (running or
+// stopped) is slow, and keeps its place and its WRITEs in flight however long it takes; its
+// window holds back no one else's. One that is gone is dropped as soon as that shows; where
+// nothing can be seen of it (efa), silence past --peer-timeout is all there is to go by.
+std::string Service::Silence(Client& c, unsigned long long number, Clock::time_point last_sign) {
+  const auto now = Clock::now();
+  const auto silent = now - last_sign;
+  if (silent < kLookAfter) {
+    if (c.waiting_told) std::printf("client %llu: its WRITEs complete again\n", number);
+    c.waiting_told = false;
+    return "";
+  }
+  if (now - c.looked_at < kLookAfter) return "";
+  c.looked_at = now;
+  const std::string for_how_long = Seconds(std::chrono::duration<double>(silent).count());
+  const PeerProcess process = c.session->Process();
+  if (process == PeerProcess::kGone)
+    return "it is gone (no WRITE of its completed for " + for_how_long + ")";
+  // Nothing to see (efa), or a host that stopped answering TCP (a link down, a host gone, or a
+  // blip): silence past --peer-timeout decides.
+  if (process == PeerProcess::kUnknown)
+    return silent > peer_timeout_ ? "silent for " + for_how_long : "";
+  if (process == PeerProcess::kUnanswered)
+    return silent > peer_timeout_ ? std::string(Describe(process)) +
+                                        " (no WRITE of its completed for " + for_how_long + ")"
+                                  : "";
+  if (silent > peer_timeout_ && !c.waiting_told) {
+    c.waiting_told = true;
+    std::printf(
+        "client %llu: no WRITE of its completed for %s, but it is there (%s): it keeps "
+        "its place, and its WRITEs wait for it%s\n",
+        number, for_how_long.c_str(), Describe(process), c.session->WaitingCosts().c_str());
+  }
+  return "";
+}
 // The engine: lines of its own, and whether it can go on.
 bool Service::EngineCanGoOn() {
-  const Engine::Report report = engine_.Watch();
+  Engine::Report report = engine_.Watch();
+  // Kept sessions are looked at again each round (Leavers); this many at once is a provider
+  // that neither completes nor fails WRITEs to peers that are gone: not a state to serve in.
+  if (report.fatal.empty() && leavers_.Stuck() >= kMaxStuckSessions)
+    report.fatal = std::to_string(leavers_.Stuck()) +
+                   " clients that left have WRITEs in the provider that neither complete nor fail";
   for (const std::string& line : report.lines) std::printf("engine: %s\n", line.c_str());
   if (report.fatal.empty()) return true;
-  std::printf("server: the engine cannot go on: %s; exiting\n", report.fatal.c_str());
+  // The provider and version it happened on, once, for whoever reads the supervisor's log.
+  std::printf("server: the engine cannot go on (%s, libfabric %u.%u): %s; exiting\n",
+              net_.info->fabric_attr->prov_name, FI_MAJOR(fi_version()), FI_MINOR(fi_version()),
+              report.fatal.c_str());
   std::fflush(stdout);
   for (auto& [id, c] : clients_) (void)c.session.release();  // its threads may still use them
   leavers_.Release();
@@ -287,6 +351,9 @@ int Service::Run() {
     desk_.Tend();
     busy = PollSessions() || busy;
     leavers_.Settle();
+    // Kept sessions with no client connected: the engine takes their WRITEs back if it can.
+    if (leavers_.Stuck() > 0 && clients_.empty() && !leavers_.Going() && engine_.Reclaim())
+      leavers_.FreeKept();
     if (!EngineCanGoOn()) return kExitFailure;
     std::fflush(stdout);
     if (!busy && !desk_.Waiting()) {  // control traffic is rare: do not spin on it

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "options.hpp"
+#include "peer_process.hpp"
 #include "protocol.hpp"
 #include "report.hpp"
 
@@ -47,6 +48,12 @@ class Session {
     std::vector<std::string> stalls;
   };
   virtual Report Poll() = 0;
+  // Whether its process is still there, as far as this host can see (common/peer_process.hpp):
+  // a silent client that is there is slow, not dead.
+  virtual common::PeerProcess Process() const = 0;
+  // What waiting for a silent client costs the others, where the provider makes it cost
+  // something ("" where it costs them nothing).
+  virtual std::string WaitingCosts() const { return ""; }
   // Leaves the engine: the first call starts it (its threads take no new WRITE for it; those
   // in flight complete or fail, then its AV entries go) and returns at once; call it again
   // until it says done, or stuck: a thread still holds WRITEs of its a few seconds on (they
@@ -73,6 +80,10 @@ class Engine {
     std::string fatal;
   };
   virtual Report Watch() { return {}; }
+  // With no client connected and sessions kept (their WRITEs never left the provider), the
+  // engine may reopen its lanes, which takes those WRITEs back with them: then it returns true,
+  // and the kept sessions must be freed (no thread of the engine touches them any more).
+  virtual bool Reclaim() { return false; }
 };
 
 // Serves clients on a control endpoint opened on `control` (the first NIC) until SIGINT or

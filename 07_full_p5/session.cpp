@@ -163,7 +163,13 @@ void Peer::Fail(const std::string& why) {
   if (failure.empty()) failure = why;
 }
 Peer::~Peer() {
-  if (engine != nullptr) --engine->peers;
+  if (engine == nullptr) return;
+  --engine->peers;
+  Uncommit();
+  if (!stuck || generation != engine->generation) return;  // a Build let its WRITEs go
+  --engine->stuck_leaves;  // its WRITEs left the provider after all (Leavers)
+  for (size_t l = 0; l < held_at.size() && l < engine->held.size(); ++l)
+    engine->held[l] -= held_at[l];
 }
 uint64_t Peer::SourceBytes() const {
   return engine->source_bytes;
@@ -194,9 +200,9 @@ std::string Peer::Dispatch(wire::Transfer transfer) {
   request->done = {t.request_id, 0, UINT64_MAX, 0};
   const uint64_t source = engine->source_bytes;
   if (t.page_size > source)
-    return "request " + std::to_string(t.request_id) + ": pages of " +
-           std::to_string(t.page_size) + " bytes, larger than this server's source pages (" +
-           std::to_string(source) + " bytes a buffer: --server-memory over its buffers)";
+    return "request " + std::to_string(t.request_id) + ": pages of " + std::to_string(t.page_size) +
+           " bytes, larger than this server's source pages (" + std::to_string(source) +
+           " bytes a buffer: --server-memory over its buffers)";
   std::map<PeerSlot*, std::unique_ptr<Share>> shares;
   for (size_t i = 0; i < t.pages.size(); ++i) {
     const size_t lane = i % regions.size();  // page i of a request goes out on lane i % lanes
@@ -273,6 +279,30 @@ service::Session::Report Peer::Poll() {
   }
   return report;
 }
+std::string Peer::WaitingCosts() const {
+  if (!CompletesInOrder(*engine->plan.lanes[0])) return "";
+  return "; libfabric 1.17's shm completes a lane's WRITEs in order, so every client on its "
+         "lanes waits with it (README.md, \"Which provider keeps which promise\")";
+}
+// Its window leaves the lanes' promised commands: it has left, or is kept (Engine::held).
+void Peer::Uncommit() {
+  if (generation == engine->generation)
+    for (size_t l = 0; l < regions.size() && l < engine->committed.size(); ++l)
+      engine->committed[l] -= committed;
+  committed = 0;
+}
+// Its process as seen through any of its lanes: there on one is there.
+PeerProcess Peer::Process() const {
+  PeerProcess seen = PeerProcess::kUnknown;
+  for (size_t l = 0; l < addresses.size(); ++l) {
+    const PeerProcess state = SeePeerProcess(*engine->plan.lanes[l], addresses[l]);
+    if (state == PeerProcess::kRunning || state == PeerProcess::kStopped ||
+        state == PeerProcess::kConnected)
+      return state;
+    if (state == PeerProcess::kUnanswered || seen == PeerProcess::kUnknown) seen = state;
+  }
+  return seen;
+}
 // Leaves the engine: each thread that serves it takes no new WRITE for it, waits for those in
 // flight to complete (or fail), and only then removes its AV entries, so that no fi_addr is
 // reused while an operation can still complete on it. Stuck when a thread has not let it go
@@ -292,20 +322,28 @@ service::Session::Leaving Peer::Leave() {
   }
   if (std::all_of(slots.begin(), slots.end(), [](const auto& s) {
         return s->left.load(std::memory_order_acquire) || s->worker->exited;
-      }))
+      })) {
+    Uncommit();
     return Leaving::kDone;
+  }
   // A thread's loop takes <= 100 ms; one stuck in a provider call ends the program within
   // kStuckSeconds (common/provider_watch.hpp).
   const auto patience = std::chrono::duration<double>(kStuckSeconds + 1);
   if (Clock::now() - *leaving_since < patience) return Leaving::kUnderway;
   if (!stuck) {
     ++engine->stuck_leaves;
+    Uncommit();  // counted in held from here
     // What it leaves in the provider: its WRITEs in flight, striped over its lanes of each
-    // thread (its pending ones were dropped as it left).
+    // thread (its pending ones were dropped as it left); no lane holds more than its queue.
+    held_at.assign(engine->held.size(), 0);
     for (const auto& slot : slots) {
       const uint64_t n = slot->in_flight.load(std::memory_order_relaxed);
-      for (size_t i = 0; i < slot->lanes_used; ++i)
-        engine->held[slot->worker->first_lane + i] += (n + slot->lanes_used - 1) / slot->lanes_used;
+      for (size_t i = 0; i < slot->lanes_used; ++i) {
+        const size_t l = slot->worker->first_lane + i;
+        const uint64_t room = engine->plan.lanes[l]->tx_attr->size - engine->held[l];
+        held_at[l] = std::min<uint64_t>((n + slot->lanes_used - 1) / slot->lanes_used, room);
+        engine->held[l] += held_at[l];
+      }
     }
   }
   stuck = true;
@@ -329,12 +367,12 @@ static Tally TallyOf(const Peer& peer) {
   for (const auto& s : peer.slots) {
     const PeerSlot& slot = *s;
     t.placement += (t.placement.empty() ? "" : "; ") + slot.worker->placement;
-    if (!slot.left.load(std::memory_order_acquire)) {  // its counters are its thread's still
+    t.writes += slot.writes.load(std::memory_order_relaxed);
+    t.bytes += slot.bytes.load(std::memory_order_relaxed);
+    if (!slot.left.load(std::memory_order_acquire)) {  // its other counters are its thread's still
       ++t.still;
       continue;
     }
-    t.writes += slot.writes;
-    t.bytes += slot.bytes;
     t.most_prepared = std::max(t.most_prepared, slot.most_prepared);
     t.posts += slot.posts;
     t.doorbells += slot.doorbells;
@@ -476,7 +514,9 @@ void Engine::MakeSources() {
 // Stops the threads (a loop takes <= 100 ms); one that does not come back from the provider
 // within kStopSeconds is said and left to the process's exit, with its lanes open.
 constexpr int kStopSeconds = 3;
-void StopWorkers(std::vector<std::unique_ptr<Worker>>& workers) {
+// Returns whether every thread stopped (none of them touches a client any more).
+bool StopWorkers(std::vector<std::unique_ptr<Worker>>& workers) {
+  bool all = true;
   for (auto& w : workers) {
     w->stop = true;
     {
@@ -497,9 +537,11 @@ void StopWorkers(std::vector<std::unique_ptr<Worker>>& workers) {
           w->index, kStopSeconds, WhereIs(w->tid).c_str());
       w->thread.detach();
       (void)w.release();  // its thread still uses it
+      all = false;
     }
   }
   workers.clear();
+  return all;
 }
 Engine::~Engine() {
   StopWorkers(workers);
@@ -511,10 +553,13 @@ bool Engine::On(uint32_t flag) const {
 // thread per group); each thread on a core of its group, no two on one core while the group
 // has cores left among those this server was given (taskset, Slurm, a cpuset).
 void Engine::Build(const Shape& wanted) {
-  StopWorkers(workers);
+  stopped_clean = StopWorkers(workers);
   cores.claims.Release();
   owner.clear();
   held.assign(plan.lanes.size(), 0);  // the old lanes, and what their provider kept, are gone
+  committed.assign(plan.lanes.size(), 0);
+  stuck_leaves = 0;
+  ++generation;
   shape = wanted;
   const size_t lanes = plan.lanes.size(), threads = shape.threads;
   const bool here = IsThisSystem(topology);  // not a rehearsal (--topology)
@@ -597,8 +642,32 @@ std::unique_ptr<service::Session> Engine::Open(const wire::Connect& connect) {
       asked = "; it asked for " + DescribeShape(wanted) + ", which waits until no client is on";
     }
   }
+  // Where clients gone mid-transfer left WRITEs in a lane's queue (HoldsCommandUntilAnswered),
+  // a newcomer is taken only if its window fits beside theirs and every connected client's
+  // whole window: then no death to come can leave a live client without a command to post
+  // (a dead client holds at most its window). Else busy, until the clients connected now are
+  // done and the lanes are reopened (Reclaim). With none held, back-pressure shares the queue.
+  for (size_t l = 0; l < used; ++l)
+    if (held[l] > 0 && held[l] + committed[l] + settings.window > plan.lanes[l]->tx_attr->size)
+      throw Busy("lane " + std::to_string(l) + " has " + std::to_string(held[l]) + " of its " +
+                 std::to_string(plan.lanes[l]->tx_attr->size) +
+                 " WRITE commands held by clients gone mid-transfer and " +
+                 std::to_string(committed[l]) +
+                 " promised to the clients connected; they come back when those are done");
+  // A crowd: clients take turns in a lane's queue (back-pressure), each visit of the data
+  // thread posting what the queue has room for. Past kQueueTurns queues' worth of windows a
+  // newcomer would wait more turns than that for its first WRITE while every client is slowed,
+  // so it is told busy now instead (its own exit code; it may try again).
+  for (size_t l = 0; l < used; ++l)
+    if (committed[l] + settings.window > kQueueTurns * plan.lanes[l]->tx_attr->size)
+      throw Busy("lane " + std::to_string(l) + " serves windows of " +
+                 std::to_string(committed[l]) + " WRITEs, " + std::to_string(kQueueTurns) +
+                 " times its queue of " + std::to_string(plan.lanes[l]->tx_attr->size));
+  for (size_t l = 0; l < used; ++l) committed[l] += settings.window;
   auto p = std::make_unique<Peer>();
   p->engine = this;
+  p->generation = generation;
+  p->committed = settings.window;
   ++peers;  // from here its destructor counts it out
   p->asked = asked;
   p->settings = settings;
@@ -669,11 +738,14 @@ std::unique_ptr<service::Session> Engine::Open(const wire::Connect& connect) {
   p->resent->Start();
   return p;
 }
-// Once a round: a thread that has not gone round for --peer-timeout is stuck inside a
-// provider call, and the engine cannot go on without it.
+// Once a round: a thread that has not gone round for kWedgedSeconds is stuck inside a
+// provider call, and the engine cannot go on without it. The bound is no client's silence
+// (--peer-timeout): a loaded host delays a round by milliseconds, never by this much, and
+// shm's known spins are ended sooner by the watchdog (common/provider_watch.hpp).
+constexpr double kWedgedSeconds = kSlowCallSeconds;
 service::Engine::Report Engine::Watch() {
   Report report;
-  const auto limit = std::chrono::duration<double>(options.peer_timeout_s);
+  const auto limit = std::chrono::duration<double>(kWedgedSeconds);
   for (auto& wp : workers) {
     Worker& w = *wp;
     const uint64_t rounds = w.rounds.load(std::memory_order_relaxed);
@@ -694,17 +766,37 @@ service::Engine::Report Engine::Watch() {
         "a client left WRITEs in flight that never complete, and libfabric 1.17's shm "
         "completes a lane's WRITEs in order: none would complete again (README.md, "
         "\"Which provider keeps which promise\")";
+  // Where every command of a lane is held, the clients still on it can post nothing, and the
+  // lanes cannot be reopened under them (Reclaim waits for no client to be connected).
   for (size_t l = 0; l < held.size() && report.fatal.empty(); ++l) {
     const uint64_t queue = plan.lanes[l]->tx_attr->size;
-    if (!HoldsCommandUntilAnswered(*plan.lanes[l]) || held[l] + options.window <= queue) continue;
-    report.fatal = "clients killed mid-transfer hold " + std::to_string(held[l]) + " of lane " +
-                   std::to_string(l) + "'s " + std::to_string(queue) +
-                   " WRITE commands for good, and a window needs " +
-                   std::to_string(options.window) +
-                   " (README.md, \"Which provider keeps which "
-                   "promise\")";
+    if (!HoldsCommandUntilAnswered(*plan.lanes[l]) || held[l] < queue || peers == stuck_leaves)
+      continue;
+    report.fatal = "clients killed mid-transfer hold all " + std::to_string(queue) +
+                   " WRITE commands of lane " + std::to_string(l) +
+                   ", and the clients connected now can post none (README.md, \"Which provider "
+                   "keeps which promise\")";
   }
   return report;
+}
+// Sessions kept with no client connected: reopening the lanes (a Build of the same shape)
+// takes back what the provider held for them: the WRITE commands shm from 1.18 keeps until a
+// peer answers, and whatever tcp keeps for a peer that never answered. Not where 1.17's shm
+// completes in order (Watch ends the server at the first kept session there).
+bool Engine::Reclaim() {
+  if (stuck_leaves == 0 || peers != stuck_leaves || CompletesInOrder(*plan.lanes[0])) return false;
+  const size_t kept = stuck_leaves;
+  uint64_t commands = 0;
+  for (uint64_t h : held) commands += h;
+  const auto began = Clock::now();
+  Build(shape);
+  if (!stopped_clean) return false;  // a thread that did not stop may touch them still
+  std::printf(
+      "engine: lanes reopened to take back what %zu client%s gone mid-transfer left in "
+      "the provider (%llu WRITEs); %s\n",
+      kept, kept == 1 ? "" : "s", static_cast<unsigned long long>(commands),
+      FormatSeconds(Clock::now() - began).c_str());
+  return true;
 }
 
 }  // namespace p5

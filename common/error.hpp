@@ -11,6 +11,7 @@ inline constexpr int kExitOk = 0;
 inline constexpr int kExitFailure = 1;      // runtime failure: peer error, wrong data
 inline constexpr int kExitUsage = 2;        // bad usage or bad input
 inline constexpr int kExitNoHardware = 77;  // required hardware absent (Meson: skipped)
+inline constexpr int kExitBusy = 75;        // the server has no room now: try again (EX_TEMPFAIL)
 
 class Error : public std::runtime_error {
  public:
@@ -29,6 +30,12 @@ class UsageError : public Error {
 };
 
 // A GPU (or another device) was asked for and is not there: exit 77.
+// A server with no room for one more client now: it refused at once, and a later try may fit.
+class Busy : public Error {
+ public:
+  explicit Busy(const std::string& what) : Error(what, kExitBusy) {}
+};
+
 class HardwareAbsent : public Error {
  public:
   explicit HardwareAbsent(const std::string& what) : Error(what, kExitNoHardware) {}

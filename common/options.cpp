@@ -206,7 +206,8 @@ static void AddTransferOptions(CLI::App& app, Options& o) {
           Range{0, 1u << 16});
   AddSeconds(app, "--peer-timeout", &o.peer_timeout_s,
              "Server: drop a connected client with no sign of life (no message, no WRITE "
-             "completed) for this long");
+             "completed) for this long; 07 drops one with WRITEs in flight only once its process "
+             "is seen gone (shm, tcp), or after this where nothing can be seen (efa)");
   AddChoice(app, "--memory", &o.memory,
             {{"host", MemoryKind::kHost},
              {"cuda", MemoryKind::kCuda},

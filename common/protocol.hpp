@@ -8,6 +8,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <variant>
 #include <vector>
 
@@ -123,6 +124,9 @@ struct Transfer {
   std::vector<uint32_t> pages;  // page indices into the client's region
 };
 
+// An ERROR whose text starts with this refuses a CONNECT for now, not for good: the server has
+// no room at the moment (--max-clients), and the client may try again later (exit 75).
+inline constexpr std::string_view kBusy = "busy: ";
 struct ErrorReply {
   uint32_t request_id = 0;  // 0 when it concerns no request
   std::string text;

@@ -1,8 +1,8 @@
 #include "provider_watch.hpp"
 
+#include <pthread.h>
 #include <rdma/fabric.h>
 #include <sys/stat.h>
-#include <pthread.h>
 #include <unistd.h>
 
 #include <csignal>
@@ -27,7 +27,7 @@ constexpr auto kTick = std::chrono::milliseconds(100);
 ProviderSlot slots[kSlots];
 std::atomic<size_t> slots_taken{0};
 std::atomic<double> stuck_seconds{kStuckSeconds};
-char provider_name[64] = "";  // set before any watched call; read by the watchdog and OnCrash
+char provider_name[64] = "";   // set before any watched call; read by the watchdog and OnCrash
 char provider_line[160] = "";  // "tcp, libfabric 2.6", with shm's causes where they apply
 
 bool IsShm() {
@@ -36,7 +36,8 @@ bool IsShm() {
 // One line to the log: stdout, and stderr too where that is somewhere else (a terminal with
 // stdout in a file), never the same line twice in one place.
 void SayOnce(const char* line, size_t size) {
-  struct stat out {}, err {};
+  struct stat out {
+  }, err{};
   [[maybe_unused]] ssize_t n = write(STDOUT_FILENO, line, size);
   if (fstat(STDOUT_FILENO, &out) != 0 || fstat(STDERR_FILENO, &err) != 0 ||
       out.st_dev != err.st_dev || out.st_ino != err.st_ino)
@@ -47,15 +48,16 @@ void SayOnce(const char* line, size_t size) {
 // slow or loaded host (a tcp call with much to send), so it gets kSlowCallSeconds.
 double WatchedSeconds() {
   return IsShm() || provider_name[0] == '\0' ? stuck_seconds.load()
-                                               : std::max(stuck_seconds.load(), kSlowCallSeconds);
+                                             : std::max(stuck_seconds.load(), kSlowCallSeconds);
 }
 [[noreturn]] void SayStuckAndExit(const char* call) {
   const std::string line =
       std::string(ProgramName()) + ": error: a thread has been inside the provider's " + call +
       " (" + provider_line + ") for " + std::to_string(static_cast<int>(stuck_seconds.load())) +
       " s and will not come back" +
-      (IsShm() ? " (shm: a message over 64 KiB, or a peer killed holding its region's lock)"
-               : "") +
+      (IsShm()
+           ? " (shm: a message over 64 KiB, or a peer killed or stopped holding its region's lock)"
+           : "") +
       "; README.md, \"When the provider cannot go on\"; exiting\n";
   SayOnce(line.data(), line.size());
   RemoveShmRegionsOf(getpid());
@@ -85,7 +87,8 @@ void OnCrash(int signal) {
     add(")");
     // The one crash of shm's found so far: 1.x reads a message from the region of a peer gone
     // before it was read (docs/architecture.md). Elsewhere the cause is not known.
-    if (IsShm() && FI_MAJOR(fi_version()) < 2) add(": a peer gone before its first message was read");
+    if (IsShm() && FI_MAJOR(fi_version()) < 2)
+      add(": a peer gone before its first message was read");
     add("; README.md, \"When the provider cannot go on\"; exiting\n");
   } else {
     add(" outside any provider call: a defect of this program; please report it\n");

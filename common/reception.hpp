@@ -384,7 +384,8 @@ class Reception {
   bool Full(fi_addr_t id, uint64_t number) {
     std::string why;
     if (options_.max_clients > 0 && clients_.size() >= options_.max_clients && !YieldPlace())
-      why = "server full: " + std::to_string(clients_.size()) + " clients (--max-clients)";
+      why = std::string(wire::kBusy) + "server full: " + std::to_string(clients_.size()) +
+            " clients (--max-clients)";
     if (why.empty()) why = hooks_.full();
     if (why.empty()) return false;
     RefuseAs(id, number, 0, why);
@@ -406,6 +407,10 @@ class Reception {
     Opened opened;
     try {
       opened = hooks_.open ? hooks_.open(connect, id) : OpenLanes(connect, client);
+    } catch (const Busy& e) {  // no room now: the client may try again (wire::kBusy)
+      RefuseAs(id, number, 0, std::string(wire::kBusy) + e.what());
+      departed_[id] = {{id}, Clock::now()};
+      return;
     } catch (const std::exception& e) {  // Error, no memory, no thread
       RefuseAs(id, number, 0, std::string("could not open a session: ") + e.what());
       departed_[id] = {{id}, Clock::now()};
@@ -418,7 +423,7 @@ class Reception {
                 static_cast<unsigned long long>(connect.lanes[0].region.length),
                 opened.describe.empty() ? "" : ", ", opened.describe.c_str());
     mail_.Send(id, wire::Accept{std::move(opened.writers), opened.setup_ns, client.session,
-                                    wire::OwnStage(), opened.source_bytes});
+                                wire::OwnStage(), opened.source_bytes});
     clients_[id] = std::move(client);
   }
 
