@@ -250,6 +250,7 @@ struct Worker {
   // The clients it serves, in turn from `next` (PostWrites).
   std::vector<PeerSlot*> slots;
   size_t next = 0;
+  bool in_order = false;   // its lanes complete WRITEs in order (CompletesInOrder)
   uint64_t fair_page = 1;  // bytes: the smallest page in service, the unit of each visit's credit
   // Engine-wide counters (a client's own are in its PeerSlot): written by the thread only,
   // read by the control thread.
@@ -267,6 +268,7 @@ struct Worker {
   // The control thread's: the rounds it saw last, and when (a thread stuck in the provider).
   uint64_t rounds_seen = 0;
   Clock::time_point seen_at = Clock::now();
+  double cpu_at_seen = -1;  // its CPU time then (a spin spends it; a thread kept waiting does not)
   std::atomic<bool> ready{false}, exited{false}, stop{false};
   std::string failure;  // why it could not open (read once exited)
   std::atomic<pid_t> tid{0};
@@ -403,9 +405,10 @@ struct Engine : service::Engine {
   // register them on their lanes, again when the engine is rebuilt.
   std::vector<PageBuffer> sources;  // per group of the plan (empty where it has no lane)
   uint64_t source_bytes = 0;
-  uint64_t generation = 0;          // Builds so far: a kept client's count holds only in its own
-  bool stopped_clean = true;        // every thread of the last engine stopped before this Build
-  size_t peers = 0;                 // clients connected, or kept (a stuck leave)
+  uint64_t generation = 0;    // Builds so far: a kept client's count holds only in its own
+  bool stopped_clean = true;  // every thread of the last engine stopped before this Build
+  size_t peers = 0;           // clients connected, or kept (a stuck leave)
+  Clock::time_point watched_at = Clock::now();  // Watch's last call: a gap is time we were stopped
   size_t stuck_leaves = 0;          // clients kept: their WRITEs had not completed as they left
   std::vector<uint64_t> held;       // per lane: WRITEs of those clients, still in the provider
   std::vector<uint64_t> committed;  // per lane: the windows of the clients connected or leaving

@@ -47,18 +47,23 @@ double CpuSecondsOf(std::thread& t) {
     return -1;
   return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) / 1e9;
 }
+// Its state letter (R running or runnable, S/D waiting in the kernel, T stopped); '?' if gone.
+char ThreadState(pid_t tid) {
+  std::string stat;
+  std::getline(std::ifstream("/proc/self/task/" + std::to_string(tid) + "/stat"), stat);
+  const size_t paren = stat.rfind(')');  // the state follows the name, which may hold spaces
+  return paren != std::string::npos && paren + 2 < stat.size() ? stat[paren + 2] : '?';
+}
 // Where a thread of ours is now, as the kernel sees it (proc(5): /proc/self/task/TID/stat's
 // state, its syscall and wchan): running, or waiting in a named system call, or in the kernel
 // outside one (a page fault). This is what tells a thread stuck inside a provider call that
 // spins (a lock, a busy loop) from one that waits on the network or on the kernel.
 std::string WhereIs(pid_t tid) {
   const std::string dir = "/proc/self/task/" + std::to_string(tid) + "/";
-  std::string stat, syscall_line, wchan;
-  std::getline(std::ifstream(dir + "stat"), stat);
+  std::string syscall_line, wchan;
   std::getline(std::ifstream(dir + "syscall"), syscall_line);
   std::getline(std::ifstream(dir + "wchan"), wchan);
-  const size_t paren = stat.rfind(')');  // the state follows the name, which may hold spaces
-  const char state = paren != std::string::npos && paren + 2 < stat.size() ? stat[paren + 2] : '?';
+  const char state = ThreadState(tid);
   if (syscall_line.empty()) return std::string("state ") + state;
   if (syscall_line.rfind("running", 0) == 0)
     return std::string("running in user space (state ") + state + ")";
@@ -311,6 +316,10 @@ service::Session::Leaving Peer::Leave() {
   if (!leaving_since) {
     leaving_since = Clock::now();
     for (auto& slot : slots) {
+      // A slot its thread could not take (TakeInbox) has left already: handed over now, the
+      // thread would read it after this Peer is freed, and a newcomer's slot allocated at the
+      // same address would be the one it drops (a crowd's admitted client that got nothing).
+      if (slot->left.load(std::memory_order_acquire)) continue;
       Worker& w = *slot->worker;
       {
         std::lock_guard lock(w.inbox_mutex);
@@ -741,24 +750,46 @@ std::unique_ptr<service::Session> Engine::Open(const wire::Connect& connect) {
 // Once a round: a thread that has not gone round for kWedgedSeconds is stuck inside a
 // provider call, and the engine cannot go on without it. The bound is no client's silence
 // (--peer-timeout): a loaded host delays a round by milliseconds, never by this much, and
-// shm's known spins are ended sooner by the watchdog (common/provider_watch.hpp).
+// shm's known spins are ended sooner by the watchdog (common/provider_watch.hpp). Slow is not
+// stuck: time this (control) thread did not run (the server stopped by Ctrl-Z or a debugger,
+// or starved) is not counted, and a thread stuck is one that spun (it used CPU for at least
+// half that time) or sleeps in the kernel; one that is runnable and kept waiting for a core
+// is slow.
 constexpr double kWedgedSeconds = kSlowCallSeconds;
 service::Engine::Report Engine::Watch() {
   Report report;
   const auto limit = std::chrono::duration<double>(kWedgedSeconds);
+  const auto now = Clock::now();
+  if (const auto gap = now - watched_at; gap > std::chrono::seconds(1))
+    for (auto& w : workers) w->seen_at += gap;
+  watched_at = now;
   for (auto& wp : workers) {
     Worker& w = *wp;
     const uint64_t rounds = w.rounds.load(std::memory_order_relaxed);
     if (rounds != w.rounds_seen) {
       w.rounds_seen = rounds;
-      w.seen_at = Clock::now();
+      w.seen_at = now;
+      w.cpu_at_seen = CpuSecondsOf(w.thread);
     }
-    if (w.exited && report.fatal.empty())
-      report.fatal = "data thread " + std::to_string(w.index) + " ended: " + w.failure;
-    else if (report.fatal.empty() && Clock::now() - w.seen_at > limit)
-      report.fatal = "data thread " + std::to_string(w.index) + " has been stuck in the " +
-                     "provider for " + FormatSeconds(Clock::now() - w.seen_at) + "; it is now " +
-                     WhereIs(w.tid);
+    if (w.exited) {
+      if (report.fatal.empty())
+        report.fatal = "data thread " + std::to_string(w.index) + " ended: " + w.failure;
+      continue;
+    }
+    const auto still = now - w.seen_at;
+    if (!report.fatal.empty() || still <= limit) continue;
+    const double cpu = CpuSecondsOf(w.thread);
+    const double spent = cpu >= 0 && w.cpu_at_seen >= 0 ? cpu - w.cpu_at_seen : -1;
+    const char state = ThreadState(w.tid);
+    if (spent >= 0 && spent < 0.5 * kWedgedSeconds && state == 'R') continue;  // kept waiting
+    report.fatal = "data thread " + std::to_string(w.index) + " has been stuck in the " +
+                   "provider for " + FormatSeconds(still) +
+                   (spent >= 0 ? ", using " +
+                                     FormatSeconds(std::chrono::duration_cast<Clock::duration>(
+                                         std::chrono::duration<double>(spent))) +
+                                     " of CPU"
+                               : std::string()) +
+                   "; it is now " + WhereIs(w.tid);
   }
   // After a thread stuck in the provider (above), which may be why the leave stuck.
   if (report.fatal.empty() && stuck_leaves > 0 && CompletesInOrder(*plan.lanes[0]))
