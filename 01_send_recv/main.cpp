@@ -28,6 +28,7 @@
 #include "options.hpp"
 #include "program.hpp"
 #include "provider.hpp"
+#include "text.hpp"
 
 using namespace common;
 
@@ -220,7 +221,7 @@ int ServerMain(const Options& options) {
   };
   while (!StopRequested() && (options.exit_after == 0 || served < options.exit_after))
     net.PollCompletion(on_done, on_error);
-  std::printf("served %llu clients\n", static_cast<unsigned long long>(served));
+  std::printf("served %s\n", Plural(served, "client").c_str());
   return kExitOk;
 }
 
@@ -251,8 +252,8 @@ int ClientMain(const Options& options) {
   while (!sent) {
     net.PollCompletion(on_done, on_error);
     if (Clock::now() > deadline)
-      throw Error("no answer from the server within " + std::to_string(options.timeout_s) +
-                  " s (is it running at that address?)");
+      throw Error("no answer from the server within " + FormatSeconds(options.timeout_s) +
+                  " (is it running at that address?)");
   }
   std::printf("sent %zu bytes: %s\n", send.length, options.text.c_str());
   return kExitOk;

@@ -34,6 +34,7 @@
 #include "program.hpp"
 #include "protocol.hpp"
 #include "provider.hpp"
+#include "text.hpp"
 
 using namespace common;
 
@@ -269,7 +270,7 @@ int ServerMain(const Options& options) {
       std::fflush(stdout);
     }
   }
-  std::printf("served %llu clients\n", static_cast<unsigned long long>(served));
+  std::printf("served %s\n", Plural(served, "client").c_str());
   return kExitOk;
 }
 
@@ -321,11 +322,11 @@ int ClientMain(const Options& options) {
           mail, server, [&] { net.PollCompletion(on_done, on_error); }, kProgram);
     if (net.PollCompletion(on_done, on_error) > 0) last_progress = Clock::now();
     if (!mail.Flush(limit).empty())
-      Abandon(kProgram, "no answer from the server within " + std::to_string(options.timeout_s) +
-                            " s: it takes none of our messages (is it running at that address?)");
+      Abandon(kProgram, "no answer from the server within " + FormatSeconds(options.timeout_s) +
+                            ": it takes none of our messages (is it running at that address?)");
     if (Clock::now() - last_progress > limit)
-      Abandon(kProgram, "no answer from the server within " + std::to_string(options.timeout_s) +
-                            " s (is it running at that address?)");
+      Abandon(kProgram, "no answer from the server within " + FormatSeconds(options.timeout_s) +
+                            " (is it running at that address?)");
   };
   auto send = [&](const wire::Message& message) { mail.Send(server, message); };
 

@@ -45,6 +45,7 @@
 #include "provider_watch.hpp"
 #include "reception.hpp"
 #include "registration.hpp"
+#include "text.hpp"
 
 using namespace common;
 
@@ -444,7 +445,7 @@ int ServerMain(const Options& options) {
     }
     std::fflush(stdout);
   }
-  std::printf("served %llu clients\n", static_cast<unsigned long long>(desk.served()));
+  std::printf("served %s\n", Plural(desk.served(), "client").c_str());
   std::fflush(stdout);
   net.ep.reset();  // WRITEs still in the provider end with the endpoint, before their pages go
   return kExitOk;
@@ -515,11 +516,11 @@ int ClientMain(const Options& options) {
           mail, server, [&] { net.PollCompletion(on_done, on_error); }, kProgram);
     if (net.PollCompletion(on_done, on_error) > 0) last_progress = Clock::now();
     if (!mail.Flush(limit).empty())
-      Abandon(kProgram, "no answer from the server within " + std::to_string(options.timeout_s) +
-                            " s: it takes none of our messages (is it running at that address?)");
+      Abandon(kProgram, "no answer from the server within " + FormatSeconds(options.timeout_s) +
+                            ": it takes none of our messages (is it running at that address?)");
     if (Clock::now() - last_progress > limit)
-      Abandon(kProgram, "no answer from the server within " + std::to_string(options.timeout_s) +
-                            " s (is it running at that address?)");
+      Abandon(kProgram, "no answer from the server within " + FormatSeconds(options.timeout_s) +
+                            " (is it running at that address?)");
   };
   auto send = [&](const wire::Message& message) { mail.Send(server, message); };
 

@@ -45,6 +45,7 @@
 #include "reception.hpp"
 #include "registration.hpp"
 #include "report.hpp"
+#include "text.hpp"
 
 using namespace common;
 
@@ -360,7 +361,7 @@ void FinishRequests(std::list<std::unique_ptr<Request>>& active, Desk& desk, Mai
   for (auto it = active.begin(); it != active.end();) {
     Request& r = **it;
     if (!r.abandoned && r.in_flight() > 0 && Clock::now() - r.last_completion > limit)
-      desk.Lost(r.client, "no WRITE completed for " + std::to_string(options.timeout_s) + " s");
+      desk.Lost(r.client, "no WRITE completed for " + FormatSeconds(options.timeout_s) + "");
     if (r.abandoned && r.in_flight() > 0 && r.source.size() > 0 &&
         Clock::now() - r.abandoned_at > limit) {
       // The provider will never complete these WRITEs (their peer is gone): the memory they
@@ -511,7 +512,7 @@ int ServerMain(const Options& options) {
     }
     std::fflush(stdout);
   }
-  std::printf("served %llu clients\n", static_cast<unsigned long long>(desk.served()));
+  std::printf("served %s\n", Plural(desk.served(), "client").c_str());
   std::fflush(stdout);
   net.ep.reset();  // WRITEs still in the provider end with the endpoint, before their pages go
   return kExitOk;
@@ -652,11 +653,11 @@ int ClientMain(const Options& options) {
       backoff.Idle();
     }
     if (!mail.Flush(limit).empty())
-      Abandon(kProgram, "no answer from the server within " + std::to_string(options.timeout_s) +
-                            " s: it takes none of our messages (is it running at that address?)");
+      Abandon(kProgram, "no answer from the server within " + FormatSeconds(options.timeout_s) +
+                            ": it takes none of our messages (is it running at that address?)");
     if (Clock::now() - last_progress > limit)
-      Abandon(kProgram, "no answer from the server within " + std::to_string(options.timeout_s) +
-                            " s (is it running at that address?)");
+      Abandon(kProgram, "no answer from the server within " + FormatSeconds(options.timeout_s) +
+                            " (is it running at that address?)");
   };
   auto send = [&](const wire::Message& message) { mail.Send(server, message); };
 

@@ -176,8 +176,6 @@ uint64_t WriteCompletion(const fi_info& nic);
 // memory (main.cpp).
 bool OneCompletionPerGroup(const fi_info& nic, const MemoryPath* pages);
 void WaitForCompletions(std::span<Network> lanes, int timeout_ms);
-// "10 s", "0.25 s": for messages.
-std::string FormatSeconds(Clock::duration d);
 void PrintHeader(const char* role, const Plan& plan, WaitMode wait, const MemoryPath& memory,
                  std::optional<bool> emulated_write);
 

@@ -256,18 +256,13 @@ bool Network::PostWrite(Op& op, fi_addr_t dest, const wire::RemoteRegion& region
   const InProvider inside("fi_writemsg");  // spins for good on a dead shm peer's lock
   // An unreported WRITE where FI_MORE means nothing: the provider's own inject call, its
   // shortest path (fabtests' fi_rma_bw posts every small WRITE so).
-  ssize_t rc = !op.signaled && !reads_more
-                   ? fi_inject_writedata(ep.get(), op.buffer, op.length, immediate, dest,
-                                         rma.addr, rma.key)
-                   : fi_writemsg(ep.get(), &msg, FI_REMOTE_CQ_DATA | report | flags);
+  ssize_t rc =
+      !op.signaled && !reads_more
+          ? fi_inject_writedata(ep.get(), op.buffer, op.length, immediate, dest, rma.addr, rma.key)
+          : fi_writemsg(ep.get(), &msg, FI_REMOTE_CQ_DATA | report | flags);
   if (rc == -FI_EAGAIN) return false;
   FI_CHECK(rc);
   return true;
-}
-std::string FormatSeconds(Clock::duration d) {
-  char text[32];
-  std::snprintf(text, sizeof text, "%.3g s", std::chrono::duration<double>(d).count());
-  return text;
 }
 // --wait block: sleep until any lane's CQ has something, or `timeout_ms` passes.
 // fi_trywait says whether sleeping is safe (nothing is already waiting to be read).

@@ -47,12 +47,6 @@ struct Client {
 // (common/peer_process.hpp), once a second: gone, it is dropped at once.
 constexpr auto kLookAfter = std::chrono::seconds(1);
 
-std::string Seconds(double s) {
-  char text[32];
-  std::snprintf(text, sizeof(text), "%.1f s", s);
-  return text;
-}
-
 // Sessions on their way out of the engine, asked again each round: a session's last line comes
 // once its threads let it go; one whose WRITEs never complete is kept for good (its threads
 // may still touch it). Nothing waits here: the other clients are served meanwhile.
@@ -291,7 +285,7 @@ std::string Service::Silence(Client& c, unsigned long long number, Clock::time_p
   }
   if (now - c.looked_at < kLookAfter) return "";
   c.looked_at = now;
-  const std::string for_how_long = Seconds(std::chrono::duration<double>(silent).count());
+  const std::string for_how_long = FormatSeconds(silent);
   const PeerProcess process = c.session->Process();
   if (process == PeerProcess::kGone)
     return "it is gone (no WRITE of its completed for " + for_how_long + ")";
@@ -376,7 +370,7 @@ int Service::Run() {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   leavers_.Release();
-  std::printf("served %llu clients\n", static_cast<unsigned long long>(desk_.served()));
+  std::printf("served %s\n", Plural(desk_.served(), "client").c_str());
   return kExitOk;
 }
 

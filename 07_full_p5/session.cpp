@@ -190,9 +190,8 @@ std::vector<std::vector<uint8_t>> Peer::Writers() const {
 std::string Peer::Describe() const {
   std::set<size_t> buffers;  // its lanes' groups' source buffers
   for (size_t l = 0; l < regions.size(); ++l) buffers.insert(engine->plan.group_of[l]);
-  return std::to_string(regions.size()) + " lanes, " + DescribeEngine(settings, slots.size()) +
-         ", the engine's source memory in " + std::to_string(buffers.size()) + " buffer" +
-         (buffers.size() == 1 ? "" : "s") + asked;
+  return Plural(regions.size(), "lane") + ", " + DescribeEngine(settings, slots.size()) +
+         ", the engine's source memory in " + Plural(buffers.size(), "buffer") + asked;
 }
 // Splits a validated request into one share per data thread, each page's
 // source and target worked out here, on the control thread, and hands them over. Pages larger
@@ -414,11 +413,12 @@ std::string Peer::Totals() const {
   const Tally t = TallyOf(*this);
   char line[512];
   std::snprintf(line, sizeof(line),
-                "%llu WRITEs, %llu bytes; engine: %zu threads (%s), %llu lock acquisitions, "
+                "%llu WRITEs, %llu bytes; engine: %s (%s), %llu lock acquisitions, "
                 "at most %llu WRITEs prepared per visit, %.2f WRITEs per doorbell, %.2f per "
                 "completion, %.0f%% posted from the CQ poll, %llu moves between cores",
                 static_cast<unsigned long long>(t.writes), static_cast<unsigned long long>(t.bytes),
-                slots.size(), t.placement.c_str(), static_cast<unsigned long long>(shared.locks),
+                Plural(slots.size(), "thread").c_str(), t.placement.c_str(),
+                static_cast<unsigned long long>(shared.locks),
                 static_cast<unsigned long long>(t.most_prepared), t.PerDoorbell(),
                 t.PerCompletion(), t.InPoll(), static_cast<unsigned long long>(t.moves));
   std::string text = line;

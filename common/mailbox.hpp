@@ -28,6 +28,7 @@
 #include "program.hpp"
 #include "protocol.hpp"
 #include "registration.hpp"
+#include "text.hpp"
 
 namespace common {
 
@@ -268,8 +269,8 @@ void ConnectUntilAnswered(Mail& mail, fi_addr_t server, uint32_t token,
   mail.Send(server, connect);
   for (ConnectRepeat again; !answered(); progress()) {
     if (again.Expired(limit))  // a server that has never heard us takes none of our CONNECTs
-      Abandon(program, "no answer from the server within " + std::to_string(timeout_s) +
-                           " s to our CONNECT (is it running at that address?)");
+      Abandon(program, "no answer from the server within " + FormatSeconds(timeout_s) +
+                           " to our CONNECT (is it running at that address?)");
     if (mail.Idle() && again.Due()) mail.Send(server, connect);  // in its AV now: answered
   }
 }

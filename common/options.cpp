@@ -1,5 +1,6 @@
 #include "options.hpp"
 
+#include <rdma/fabric.h>
 #include <CLI/CLI.hpp>
 
 #include "error.hpp"
@@ -13,6 +14,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
+#include <map>
 #include <utility>
 #include <vector>
 
@@ -194,13 +196,11 @@ static void AddTransferOptions(CLI::App& app, Options& o) {
       ->excludes("--verbose");
   AddSize(app, "--client-memory", &o.client_memory,
           "Server (03-06): source memory a client's requests may hold at once; more is refused",
-          "SIZE",
-          Range{1, kTiB});
+          "SIZE", Range{1, kTiB});
   AddSize(app, "--server-memory", &o.server_memory,
           "Server: source memory. 03-06: what all clients' requests may hold at once (more is "
           "refused); 07: its source pages, made once at start and read by every request",
-          "SIZE",
-          Range{1, kTiB});
+          "SIZE", Range{1, kTiB});
   AddSize(app, "--max-clients", &o.max_clients,
           "Server: clients connected at once; one more is refused with an ERROR (0: no limit)", "N",
           Range{0, 1u << 16});
@@ -335,8 +335,63 @@ static void AddHostOptions(CLI::App& app, Options& o) {
                "libfabric and its providers, GPU memory in it, the NICs of each GPU): one line "
                "each, OK, WARN or FAIL with the fix; exit 0 when ready, 1 when not");
 }
+// --help in groups, as a reader looks for them; an option not named here stays in "Other".
+static void GroupOptions(CLI::App& app) {
+  static const std::map<std::string, std::string> kGroupOf = {
+      {"address", "Connection"},
+      {"provider", "Connection"},
+      {"fabric", "Connection"},
+      {"domain", "Connection"},
+      {"oob-port", "Connection"},
+      {"address-file", "Connection"},
+      {"timeout", "Connection"},
+      {"nics", "Connection"},
+      {"wait", "Connection"},
+      {"exit-after", "Server"},
+      {"max-clients", "Server"},
+      {"peer-timeout", "Server"},
+      {"max-requests", "Server"},
+      {"client-memory", "Server"},
+      {"server-memory", "Memory"},
+      {"memory", "Memory"},
+      {"gpu-path", "Memory"},
+      {"text", "Request"},
+      {"page-size", "Request"},
+      {"pages", "Request"},
+      {"repeat", "Request"},
+      {"seed", "Request"},
+      {"window", "Request"},
+      {"requests", "Request"},
+      {"warmup", "Request"},
+      {"start-at", "Request"},
+      {"threads", "Engine (the client asks)"},
+      {"no-pin", "Engine (the client asks)"},
+      {"no-shard", "Engine (the client asks)"},
+      {"batch", "Engine (the client asks)"},
+      {"doorbell", "Engine (the client asks)"},
+      {"eager-post", "Engine (the client asks)"},
+      {"no-numa", "Engine (the client asks)"},
+      {"no-warmup", "Engine (the client asks)"},
+      {"ladder", "Ladder"},
+      {"runs", "Ladder"},
+      {"min-seconds", "Ladder"},
+      {"topology", "Host checks"},
+      {"check", "Host checks"},
+      {"quiet", "Output"},
+      {"verbose", "Output"},
+      {"json", "Output"},
+      {"link-gbps", "Output"},
+      {"progress-every", "Output"},
+  };
+  for (CLI::Option* opt : app.get_options()) {
+    if (opt->get_group().empty()) continue;  // hidden
+    const std::string name = opt->get_lnames().empty() ? opt->get_name() : opt->get_lnames()[0];
+    const auto found = kGroupOf.find(name);
+    opt->group(found != kGroupOf.end() ? found->second : "Other");
+  }
+}
+
 void AddOptions(CLI::App& app, Options& o, unsigned groups) {
-  app.set_help_flag("-h,--help", "Print this help and exit");
   app.add_option("address", o.peer,
                  "Server address (the hex after 'addr:'); without it this program is the server");
   app.add_flag_function(
@@ -350,6 +405,8 @@ void AddOptions(CLI::App& app, Options& o, unsigned groups) {
   if (groups & kLaneOptions) AddLaneOptions(app, o);
   if (groups & kEngineOptions) AddEngineOptions(app, o);
   if (groups & kHostOptions) AddHostOptions(app, o);
+  app.set_help_flag("-h,--help", "Print this help and exit");  // last: under "Other"
+  GroupOptions(app);
 }
 
 void CheckRequestSize(const Options& options) {
@@ -367,12 +424,31 @@ void CheckRequestSize(const Options& options) {
     throw UsageError("invalid --repeat " + std::to_string(options.repeat));
 }
 
+// --version: the project's, and the libfabric it was built with and the one it runs on (the
+// library found at run time may be another than the headers': LD_LIBRARY_PATH, the EFA
+// installer's /opt/amazon/efa).
+static std::string VersionText(const std::string& program) {
+  const uint32_t running = fi_version();
+  return program + " " PROJECT_VERSION "; libfabric " + std::to_string(FI_MAJOR_VERSION) + "." +
+         std::to_string(FI_MINOR_VERSION) + "." + std::to_string(FI_REVISION_VERSION) +
+         " at build, " + std::to_string(FI_MAJOR(running)) + "." +
+         std::to_string(FI_MINOR(running)) + " at run time";
+}
+
 int ParseCommandLine(CLI::App& app, int argc, char** argv) {
+  const std::string program = app.get_name();
+  app.set_version_flag(
+         "--version", [program] { return VersionText(program); },
+         "Print the project's version and libfabric's (built with, running) and exit")
+      ->group("Other");
   try {
     app.parse(argc, argv);
     return -1;
   } catch (const CLI::CallForHelp&) {
     std::fputs(app.help().c_str(), stdout);
+    return kExitOk;
+  } catch (const CLI::CallForVersion& e) {
+    std::printf("%s\n", e.what());
     return kExitOk;
   } catch (const CLI::ParseError& e) {
     std::fprintf(stderr, "%s: %s (see --help)\n", app.get_name().c_str(), e.what());

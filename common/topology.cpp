@@ -352,13 +352,25 @@ std::string FormatGroup(const DeviceGroup& group, const std::vector<NicDevice>& 
 
 std::string FormatTotals(const std::vector<DeviceGroup>& groups,
                          const std::vector<NicDevice>& nics) {
-  size_t gpus = 0;
+  size_t gpus = 0, unknown = 0;
   double gbps = 0;
   for (const auto& g : groups) gpus += g.gpu ? 1 : 0;
-  for (const auto& n : nics) gbps += n.link_gbps;
-  char line[128];
-  std::snprintf(line, sizeof(line), "GPUs: %zu, NICs: %zu, Total Bandwidth: %g Gbps", gpus,
-                nics.size(), gbps);
+  for (const auto& n : nics) {
+    gbps += n.link_gbps;
+    unknown += n.link_gbps > 0 ? 0 : 1;
+  }
+  // shm and loopback have no link rate: said so, not added up as 0 Gbps.
+  char total[96];
+  if (unknown == nics.size())
+    std::snprintf(total, sizeof(total), "link rate unknown");
+  else if (unknown > 0)
+    std::snprintf(total, sizeof(total), "%g Gbps and %zu NIC%s of unknown rate", gbps, unknown,
+                  unknown == 1 ? "" : "s");
+  else
+    std::snprintf(total, sizeof(total), "%g Gbps", gbps);
+  char line[160];
+  std::snprintf(line, sizeof(line), "GPUs: %zu, NICs: %zu, Total Bandwidth: %s", gpus, nics.size(),
+                total);
   return line;
 }
 

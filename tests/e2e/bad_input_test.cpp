@@ -1,5 +1,6 @@
 // Every stage answers bad input with exit 2 and one line that names the bad value.
 #include <gtest/gtest.h>
+#include <rdma/fabric.h>
 
 #include <algorithm>
 #include <string>
@@ -86,6 +87,29 @@ TEST_P(BadInput, HelpExplainsAndExitsZero) {
   EXPECT_EQ(r.exit_code, 0);
   EXPECT_NE(r.out.find("--provider"), std::string::npos);
   EXPECT_NE(r.out.find("Lesson"), std::string::npos);
+  // In groups, the connection's first; what no group names under "Other", last.
+  const size_t connection = r.out.find("\nConnection:"), other = r.out.find("\nOther:");
+  EXPECT_NE(connection, std::string::npos) << r.out;
+  EXPECT_NE(other, std::string::npos) << r.out;
+  EXPECT_LT(connection, other) << r.out;
+  EXPECT_EQ(r.out.find("--test-"), std::string::npos) << r.out;  // hidden
+  if (std::string(GetParam()) != "07_full_p5") return;
+  for (const char* group : {"Memory:", "Request:", "Engine (the client asks):", "Ladder:",
+                            "Host checks:", "Output:", "Server:"})
+    EXPECT_NE(r.out.find(std::string("\n") + group), std::string::npos) << group << r.out;
+}
+
+// --version: the project's, the libfabric of the headers and the one loaded, on one line.
+TEST_P(BadInput, VersionNamesBothLibfabrics) {
+  Result r = RunToEnd({StageBinary(GetParam()), "--version"}, 20s);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  const std::string built = std::to_string(FI_MAJOR_VERSION) + "." +
+                            std::to_string(FI_MINOR_VERSION) + "." +
+                            std::to_string(FI_REVISION_VERSION) + " at build, ";
+  const std::string running = std::to_string(FI_MAJOR(fi_version())) + "." +
+                              std::to_string(FI_MINOR(fi_version())) + " at run time\n";
+  EXPECT_EQ(r.out,
+            std::string(GetParam()) + " " + PROJECT_VERSION + "; libfabric " + built + running);
 }
 
 INSTANTIATE_TEST_SUITE_P(Stages, BadInput,

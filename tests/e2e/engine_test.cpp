@@ -93,7 +93,7 @@ TEST_P(Engine, OneTwoAndFourLanesWithOneAndTwoThreads) {
   EXPECT_EQ(done.exit_code, 0) << done.err;
   // The engine's 2 threads drive lanes 0-1 and 2-3: a client with one or two lanes is served
   // by the first alone, one with four by both.
-  EXPECT_NE(done.out.find("1 lanes, 1 thread,"), std::string::npos) << done.out;
+  EXPECT_NE(done.out.find("1 lane, 1 thread,"), std::string::npos) << done.out;
   EXPECT_NE(done.out.find("2 lanes, 1 thread,"), std::string::npos) << done.out;
   EXPECT_NE(done.out.find("4 lanes, 2 threads,"), std::string::npos) << done.out;
   EXPECT_NE(done.out.find("served 6 clients"), std::string::npos) << done.out;
@@ -226,7 +226,7 @@ TEST_P(Engine, EverySwitchOfTheLadderDoesWhatItSays) {
   // Everything off: one shared state (locks taken), one WRITE per lane per visit, a doorbell
   // per WRITE, posted where prepared, the thread free to run and allocate anywhere.
   const std::string all = "cpus " + AllCpus();  // not pinned: every core of this host
-  EXPECT_TRUE(has(0, "1 threads (" + all + ", memory anywhere)")) << lines[0];
+  EXPECT_TRUE(has(0, "1 thread (" + all + ", memory anywhere)")) << lines[0];
   EXPECT_FALSE(has(0, " 0 lock acquisitions")) << lines[0];
   EXPECT_TRUE(has(0, "at most 2 WRITEs prepared per visit")) << lines[0];
   EXPECT_TRUE(has(0, "1.00 WRITEs per doorbell")) << lines[0];

@@ -34,7 +34,7 @@ TEST_P(Messages, OneClientIsServed) {
   const std::string want =
       reverses() ? "client 0: Hello, RDMA!\n" : "received 12 bytes: Hello, RDMA!\n";
   EXPECT_NE(done.out.find(want), std::string::npos) << done.out;
-  EXPECT_NE(done.out.find("served 1 clients"), std::string::npos) << done.out;
+  EXPECT_NE(done.out.find("served 1 client"), std::string::npos) << done.out;
 }
 
 TEST_P(Messages, ThreeClientsOneAfterAnother) {

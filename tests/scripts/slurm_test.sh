@@ -97,7 +97,7 @@ echo "== the job's output"; cat "$work/job.out"
 grep -q "slurm-p5: server on " "$work/job.out" || fail "no server line"
 grep -q "slurm-p5: client on " "$work/job.out" || fail "no client line"
 grep -q '"verified_bytes":33554432' "$work/job.out" || fail "not every page verified (256 pages of 64 KiB, twice)"
-grep -q "served 1 clients" "$work/job.out" || fail "the server did not end after its client"
+grep -q "served 1 client" "$work/job.out" || fail "the server did not end after its client"
 grep -q -- "--oob-port $oob_port 127.0.0.1 " "$work/job.out" || fail "the client did not ask the first node (NodeAddr)"
 
 # The documented default, no client arguments: --ladder, a calibration and 3 runs per rung, and

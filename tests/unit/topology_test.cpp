@@ -63,6 +63,13 @@ TEST(GroupDevices, P5MatchesThePublishedTable) {
   const auto groups = GroupDevices(topology, gpus, nics);
   ASSERT_EQ(groups.size(), 8u);
   EXPECT_EQ(FormatTotals(groups, nics), "GPUs: 8, NICs: 32, Total Bandwidth: 3200 Gbps");
+  // A NIC of no known rate (shm, loopback) is said, not added as 0 Gbps.
+  auto unknown = nics;
+  unknown[0].link_gbps = 0;
+  EXPECT_EQ(FormatTotals(groups, unknown),
+            "GPUs: 8, NICs: 32, Total Bandwidth: 3100 Gbps and 1 NIC of unknown rate");
+  for (auto& n : unknown) n.link_gbps = 0;
+  EXPECT_EQ(FormatTotals(groups, unknown), "GPUs: 8, NICs: 32, Total Bandwidth: link rate unknown");
   EXPECT_EQ(FormatGroup(groups[0], nics),
             "cuda:0(53:00.0) NUMA0 CPU 0-11 rdmap82s0 (52:00.0) rdmap81s0 (51:00.0) "
             "rdmap80s0 (50:00.0) rdmap79s0 (4f:00.0)");
@@ -193,7 +200,7 @@ TEST(CoreClaims, OneHolderAtATimeAcrossProcesses) {
   CoreClaims first, second;
   EXPECT_EQ(first.Take(cpus), std::optional<unsigned>(100001));
   EXPECT_EQ(second.Take(cpus), std::optional<unsigned>(100002));  // the first is held
-  EXPECT_EQ(second.Take(cpus), std::nullopt);                      // both are
+  EXPECT_EQ(second.Take(cpus), std::nullopt);                     // both are
   first.Release();
   EXPECT_EQ(second.Take(cpus), std::optional<unsigned>(100001));
   second.Release();
