@@ -138,8 +138,7 @@ TEST_P(Hostile, OversizedMessage) {
     Result done = server.process().Wait(20s);
     EXPECT_LT(std::chrono::duration<double>(Clock::now() - start).count(), 8.0);
     EXPECT_EQ(done.exit_code, 1) << done.out << done.err;
-    EXPECT_NE(done.err.find("inside the provider's fi_cq_read (shm, libfabric"),
-              std::string::npos)
+    EXPECT_NE(done.err.find("inside the provider's fi_cq_read (shm, libfabric"), std::string::npos)
         << done.err;
     return;
   }
@@ -256,7 +255,8 @@ TEST_P(Hostile, HugeRequestsAreRefused) {
 // that would not: --server-memory bounds what all clients together hold (16 strangers once
 // pinned 16 GiB of a server with the defaults).
 TEST_P(Hostile, ServerMemoryBoundsAllClients) {
-  if (stage() == "07_full_p5") GTEST_SKIP() << "07's requests hold no memory (HugeRequestsAreRefused)";
+  if (stage() == "07_full_p5")
+    GTEST_SKIP() << "07's requests hold no memory (HugeRequestsAreRefused)";
   Attacked server(stage(), provider(), {"--client-memory", "4g", "--server-memory", "512m"});
   ASSERT_FALSE(server.address().empty());
   Result attack = server.Attack("big-requests");
@@ -534,9 +534,10 @@ TEST_P(HostileService, FloodBeyondMaxClients) {
   ASSERT_NE(flood.out.find("flood: 20 clients, "), std::string::npos) << flood.out << flood.err;
   // Refused, unless (a loaded host) its CONNECTs came 2 s apart: each then takes the place of
   // one idle that long.
-  EXPECT_TRUE(
-      flood.out.find("refused: busy: server full: 3 clients (--max-clients)") != std::string::npos ||
-      server.process().Output().find("idle while another client waited") != std::string::npos)
+  EXPECT_TRUE(flood.out.find("refused: busy: server full: 3 clients (--max-clients)") !=
+                  std::string::npos ||
+              server.process().Output().find("idle while another client waited") !=
+                  std::string::npos)
       << flood.out;
   server.ExpectServed();
   Result done = server.Stop();
@@ -824,15 +825,24 @@ TEST_P(KilledMidTransfer, NextClientIsServed) {
   // 1.17: every post to the client takes its region's lock, so the server meets it. 2.6: only
   // a post that finds room in the client's queue goes on to its inject buffers' lock; a queue
   // full first ("no WRITE completed in time") never reaches the lock, and the server serves on.
-  if (died_holding && (fi_version() < FI_VERSION(1, 18) ||
-                       WaitForOutput(server.process(), "will not come back", 6s))) {
+  const auto expect_stated_exit = [&] {
     Result done = server.process().Wait(20s);
     EXPECT_EQ(done.exit_code, 1) << done.out << done.err;
     EXPECT_NE(done.err.find(" for 3 s and will not come back"), std::string::npos)
         << done.out << done.err;
+  };
+  if (died_holding && (fi_version() < FI_VERSION(1, 18) ||
+                       WaitForOutput(server.process(), "will not come back", 6s))) {
+    expect_stated_exit();
     return;
   }
   Result next = RunClient(stage(), provider(), server.address(), Normal(stage()), 60s);
+  // On a loaded host the server's 3-s watch may say so only after the wait above, while the
+  // next client is in flight: the same stated exit, seen late.
+  if (died_holding && server.process().Output().find("will not come back") != std::string::npos) {
+    expect_stated_exit();
+    return;
+  }
   EXPECT_EQ(next.exit_code, 0) << next.out << next.err << server.process().Output();
   EXPECT_EQ(NumberAfter(next.out, "verified "), Verified(stage())) << next.out;
   server.Stop();
