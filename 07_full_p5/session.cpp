@@ -651,18 +651,24 @@ std::unique_ptr<service::Session> Engine::Open(const wire::Connect& connect) {
       asked = "; it asked for " + DescribeShape(wanted) + ", which waits until no client is on";
     }
   }
-  // Where clients gone mid-transfer left WRITEs in a lane's queue (HoldsCommandUntilAnswered),
-  // a newcomer is taken only if its window fits beside theirs and every connected client's
-  // whole window: then no death to come can leave a live client without a command to post
-  // (a dead client holds at most its window). Else busy, until the clients connected now are
-  // done and the lanes are reopened (Reclaim). With none held, back-pressure shares the queue.
-  for (size_t l = 0; l < used; ++l)
-    if (held[l] > 0 && held[l] + committed[l] + settings.window > plan.lanes[l]->tx_attr->size)
-      throw Busy("lane " + std::to_string(l) + " has " + std::to_string(held[l]) + " of its " +
-                 std::to_string(plan.lanes[l]->tx_attr->size) +
-                 " WRITE commands held by clients gone mid-transfer and " +
-                 std::to_string(committed[l]) +
-                 " promised to the clients connected; they come back when those are done");
+  // Where a WRITE to a client killed mid-transfer keeps its command for good
+  // (HoldsCommandUntilAnswered), a newcomer is taken only if its window fits beside every
+  // connected client's whole window and what the gone ones hold: then no death to come can
+  // leave a live client without a command to post (a dead client holds at most its window).
+  // Else busy, until the clients connected now are done and the lanes are reopened (Reclaim),
+  // which gives the held commands back. Elsewhere back-pressure shares the queue (below).
+  for (size_t l = 0; l < used; ++l) {
+    const uint64_t queue = plan.lanes[l]->tx_attr->size;
+    if (!HoldsCommandUntilAnswered(*plan.lanes[l]) ||
+        held[l] + committed[l] + settings.window <= queue)
+      continue;
+    throw Busy("lane " + std::to_string(l) + "'s " + std::to_string(queue) + " WRITE commands: " +
+               std::to_string(committed[l]) + " promised to the clients connected" +
+               (held[l] > 0 ? ", " + std::to_string(held[l]) +
+                                  " held by clients gone mid-transfer (shm keeps those until "
+                                  "the clients connected now are done and the lane is reopened)"
+                            : " (shm keeps a killed client's for good: none is promised twice)"));
+  }
   // A crowd: clients take turns in a lane's queue (back-pressure), each visit of the data
   // thread posting what the queue has room for. Past kQueueTurns queues' worth of windows a
   // newcomer would wait more turns than that for its first WRITE while every client is slowed,
