@@ -498,6 +498,8 @@ void ClientSession::OnRefused(const wire::ErrorReply& error) {
     throw Busy("the server is busy (" + error.text.substr(wire::kBusy.size()) +
                "): try again later");
   if (!accepted_) throw Error("the server refused the connection: " + error.text);
+  if (error.request_id == 0 && error.text.rfind(wire::kSessionEnded, 0) == 0)
+    throw Error("the server ended this session: " + error.text.substr(wire::kSessionEnded.size()));
   if (refused_.empty())
     refused_ =
         (error.request_id == kWarmupRequest ? std::string("warmup")

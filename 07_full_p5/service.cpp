@@ -42,6 +42,11 @@ struct Client {
   // server has said that it waits for it.
   Clock::time_point looked_at{};
   bool waiting_told = false;
+  // Its silence with nothing open: when its process was last seen stopped, whether the
+  // server has said it keeps its place, and what was seen when last looked at.
+  Clock::time_point stopped_seen{};
+  bool idle_told = false;
+  Desk::Silent idle_seen = Desk::Silent::kDrop;
 };
 // A client with requests open whose WRITEs stopped completing for this long is looked at
 // (common/peer_process.hpp), once a second: gone, it is dropped at once.
@@ -171,6 +176,32 @@ Desk::Hooks Service::Hooks() {
   hooks.busy = [this](fi_addr_t id) {
     auto c = clients_.find(id);
     return c != clients_.end() && c->second.open_requests > 0;
+  };
+  // Silent with nothing open, asked each round: its process, looked at once a second. Seen
+  // stopped (shm: its pid's state) it keeps its place, said once, and resumed it has another
+  // --peer-timeout to speak; seen there, it is told why it is dropped; gone or unseen, dropped.
+  hooks.silent = [this](fi_addr_t id, uint64_t number) {
+    auto it = clients_.find(id);
+    if (it == clients_.end()) return Desk::Silent::kDrop;
+    Client& c = it->second;
+    const auto now = Clock::now();
+    if (now - c.looked_at >= kLookAfter) {
+      c.looked_at = now;
+      const PeerProcess process = c.session->Process();
+      if (process == PeerProcess::kStopped) {
+        c.stopped_seen = now;
+        if (!std::exchange(c.idle_told, true))
+          std::printf(
+              "client %llu: silent past --peer-timeout, but it is there (%s): it keeps "
+              "its place\n",
+              static_cast<unsigned long long>(number), Describe(process));
+      }
+      c.idle_seen = process == PeerProcess::kRunning || process == PeerProcess::kConnected
+                        ? Desk::Silent::kTell
+                        : Desk::Silent::kDrop;
+    }
+    if (c.idle_told && now - c.stopped_seen < peer_timeout_) return Desk::Silent::kKeep;
+    return c.idle_seen;
   };
   hooks.open = [this](const wire::Connect& connect, fi_addr_t id) { return Open(connect, id); };
   hooks.said = [this](uint64_t number, fi_addr_t id, const std::string& how) {

@@ -101,6 +101,13 @@ class Mailbox {
     std::erase_if(outbox_, [peer](const Outgoing& m) { return m.dest == peer; });
     tokens_.erase(peer);
   }
+  // Drops what is still queued for `peer`, and queues `message` as the last it gets from us,
+  // with its token (which is then forgotten): a peer told why it was dropped.
+  void Last(fi_addr_t peer, const wire::Message& message) {
+    std::erase_if(outbox_, [peer](const Outgoing& m) { return m.dest == peer; });
+    Send(peer, message);
+    tokens_.erase(peer);
+  }
 
   // Whether something of ours is queued for, or on its way to, `peer`.
   bool Busy(fi_addr_t peer) const { return Queued(peer) || Posted(peer); }

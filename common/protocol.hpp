@@ -127,6 +127,9 @@ struct Transfer {
 // An ERROR whose text starts with this refuses a CONNECT for now, not for good: the server has
 // no room at the moment (--max-clients), and the client may try again later (exit 75).
 inline constexpr std::string_view kBusy = "busy: ";
+// An ERROR of request id 0 after ACCEPT whose text starts so: the server dropped the session
+// (a client silent past its --peer-timeout, told so that it ends at once when it runs again).
+inline constexpr std::string_view kSessionEnded = "session ended: ";
 struct ErrorReply {
   uint32_t request_id = 0;  // 0 when it concerns no request
   std::string text;

@@ -27,6 +27,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <set>
 #include <span>
 #include <string>
 #include <vector>
@@ -72,11 +73,18 @@ class Reception {
   // (06): lanes, the writers ACCEPT names, and how a lane's address enters and leaves that
   // lane's AV. open(connect, client): 07, whose engine opens a client's lanes itself; throws
   // with the reason it cannot.
+  enum class Silent { kDrop, kTell, kKeep };
   struct Hooks {
     std::function<bool(fi_addr_t)> busy = [](fi_addr_t) { return false; };
     std::function<void(fi_addr_t)> leaving = [](fi_addr_t) {};
     std::function<void(uint64_t, fi_addr_t, const std::string&)> said;
     std::function<std::string()> full = [] { return std::string(); };
+    // A client silent past --peer-timeout with nothing open: dropped, told first (its process
+    // is there, so a paused one learns it at once when it runs again), or kept (its process
+    // is seen stopped by a signal: slow, not gone). Stages without a view of peers drop it.
+    std::function<Silent(fi_addr_t, uint64_t)> silent = [](fi_addr_t, uint64_t) {
+      return Silent::kDrop;
+    };
     size_t lanes = 1;
     std::vector<std::vector<uint8_t>> writers;
     std::function<fi_addr_t(size_t, std::span<const uint8_t>)> open_lane;
@@ -136,12 +144,23 @@ class Reception {
   // ours is on its way to them, or `limit` on (rxm then closes the connection, and what it
   // held fails back to us): removing a peer with operations in flight crashes some providers.
   void Tend() {
-    for (auto& [client, c] : clients_)  // vanished without BYE: its place is not held for good
-      if (!hooks_.busy(client) && Clock::now() - c.last_seen > peer_timeout_)
-        lost_.emplace(client, "silent for " + Format(options_.peer_timeout_s) + " s");
+    std::set<fi_addr_t> told;
+    for (auto& [client, c] : clients_) {  // vanished without BYE: its place is not held for good
+      if (hooks_.busy(client) || Clock::now() - c.last_seen <= peer_timeout_) continue;
+      const Silent seen = hooks_.silent(client, c.number);
+      if (seen == Silent::kKeep) continue;
+      lost_.emplace(client, "silent for " + Format(options_.peer_timeout_s) + " s");
+      if (seen == Silent::kTell) told.insert(client);
+    }
     auto lost = std::move(lost_);
     lost_.clear();
-    for (const auto& [client, why] : lost) Drop(client, why);
+    for (const auto& [client, why] : lost) {
+      const bool tell = told.count(client) > 0;
+      if (tell)  // its last message: why its session ended (request id 0)
+        mail_.Last(client, wire::ErrorReply{0, std::string(wire::kSessionEnded) + why +
+                                                   " with no request open (--peer-timeout)"});
+      Drop(client, why, tell);
+    }
     std::erase_if(departed_, [&](const auto& d) {
       const bool waits =
           hooks_.busy(d.first) || mail_.Busy(d.first) || departures_.Waiting(d.first);
@@ -460,8 +479,9 @@ class Reception {
     return true;
   }
 
-  void Drop(fi_addr_t client, const std::string& why) {
-    mail_.Forget(client);
+  // `told`: its last message, why, is queued (Mailbox::Last), not to be forgotten.
+  void Drop(fi_addr_t client, const std::string& why, bool told = false) {
+    if (!told) mail_.Forget(client);
     Forget(client, "lost: " + why);
   }
 

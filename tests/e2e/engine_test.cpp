@@ -541,6 +541,52 @@ TEST_P(Engine, PausedClientKeepsItsPlace) {
   EXPECT_EQ(done.exit_code, 0) << done.out << done.err;
 }
 
+// A client stopped with nothing open (after its warmup, before its first request: here it
+// waits for --start-at) past --peer-timeout: over shm its process is seen stopped, so it keeps
+// its place and, resumed, is served; over tcp nothing shows that it is stopped rather than
+// silent, so it is dropped, but told: resumed, it ends at once with the reason, not after its
+// own --timeout of waiting for WRITEs that will not come (a soak met that).
+TEST_P(Engine, StoppedBeforeItsFirstRequest) {
+  StageServer server(kStage, provider(), 0, {"--memory", "host", "--peer-timeout", "2"});
+  ASSERT_FALSE(server.address().empty());
+  const auto start_at =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch() + 5s)
+          .count();
+  Process paused =
+      StartClient(server.address(), {"--memory", "host", "-S", "64k", "--pages", "64", "--start-at",
+                                     std::to_string(start_at), "--timeout", "20", "--no-pin"});
+  ASSERT_TRUE(WaitForOutput(server.process(), "client 1: warmup: ", 30s))
+      << server.process().Output() << paused.Output();
+  paused.Signal(SIGSTOP);
+  std::this_thread::sleep_for(4s);
+  paused.Signal(SIGCONT);
+  const auto resumed = std::chrono::steady_clock::now();
+  Result r = paused.Wait(30s);
+  const std::string server_out = server.process().Output();
+  if (provider() == "shm") {
+    EXPECT_EQ(r.exit_code, 0) << r.out << r.err << server_out;
+    EXPECT_EQ(NumberAfter(r.out, "verified "), 4 * 64LL * 65536) << r.out;
+    EXPECT_NE(server_out.find("client 1: silent past --peer-timeout, but it is there (its process "
+                              "is stopped by a signal): it keeps its place"),
+              std::string::npos)
+        << server_out;
+  } else {
+    EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+    EXPECT_NE(r.err.find("07_full_p5: error: the server ended this session: silent for 2 s with "
+                         "no request open (--peer-timeout)"),
+              std::string::npos)
+        << r.err;
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - resumed).count(),
+              10.0)
+        << "told at once, not after its --timeout";
+    EXPECT_NE(server_out.find("client 1 lost: silent for 2 s"), std::string::npos) << server_out;
+  }
+  Result next = RunClient(kStage, provider(), server.address(), Small(64));
+  EXPECT_EQ(next.exit_code, 0) << next.out << next.err;
+  server.process().Signal(SIGTERM);
+  EXPECT_EQ(server.Wait(30s).exit_code, 0);
+}
+
 // A crowd beyond what the server takes at once (windows of twice a lane's queue: two clients
 // whose window is the whole queue; one where killed clients keep commands) is told busy at once
 // (exit 75, one line) and the rest are served: nobody is admitted to be starved or dropped.
