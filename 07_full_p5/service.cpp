@@ -219,7 +219,20 @@ Desk::Opened Service::Open(const wire::Connect& connect, fi_addr_t id) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   const auto opening = Clock::now();
-  std::unique_ptr<Session> session = engine_.Open(connect);
+  std::unique_ptr<Session> session;
+  try {
+    session = engine_.Open(connect);
+  } catch (const Busy&) {
+    // A client just let go (an idle one that yielded its place to this one) holds its window
+    // until its threads let it go, within a round: once they have, ask again.
+    if (!leavers_.Going()) throw;
+    for (const auto until = Clock::now() + std::chrono::milliseconds(50);
+         leavers_.Going() && Clock::now() < until;) {
+      leavers_.Settle();
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    session = engine_.Open(connect);
+  }
   const uint64_t setup_ns = static_cast<uint64_t>(
       std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - opening).count());
   char setup[48];
