@@ -211,26 +211,26 @@ Desk::Hooks Service::Hooks() {
 }
 // A session in the engine for the client: the desk sends ACCEPT with its writers.
 Desk::Opened Service::Open(const wire::Connect& connect, fi_addr_t id) {
-  // The client before it may still be leaving (its threads let it go within a round): only
-  // once it is gone may the engine be rebuilt for this one (--ladder's next rung).
-  for (const auto until = Clock::now() + std::chrono::milliseconds(50);
-       clients_.empty() && leavers_.Going() && Clock::now() < until;) {
-    leavers_.Settle();
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
+  // Sessions leaving go within a round, once their threads let them go: 50 ms at most.
+  const auto settle_leavers = [this] {
+    for (const auto until = Clock::now() + std::chrono::milliseconds(50);
+         leavers_.Going() && Clock::now() < until;) {
+      leavers_.Settle();
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  };
+  // The client before it may still be leaving: only once it is gone may the engine be
+  // rebuilt for this one (--ladder's next rung).
+  if (clients_.empty()) settle_leavers();
   const auto opening = Clock::now();
   std::unique_ptr<Session> session;
   try {
     session = engine_.Open(connect);
   } catch (const Busy&) {
     // A client just let go (an idle one that yielded its place to this one) holds its window
-    // until its threads let it go, within a round: once they have, ask again.
+    // until it has left: then ask again.
     if (!leavers_.Going()) throw;
-    for (const auto until = Clock::now() + std::chrono::milliseconds(50);
-         leavers_.Going() && Clock::now() < until;) {
-      leavers_.Settle();
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
+    settle_leavers();
     session = engine_.Open(connect);
   }
   const uint64_t setup_ns = static_cast<uint64_t>(

@@ -154,13 +154,7 @@ class Reception {
     }
     auto lost = std::move(lost_);
     lost_.clear();
-    for (const auto& [client, why] : lost) {
-      const bool tell = told.count(client) > 0;
-      if (tell)  // its last message: why its session ended (request id 0)
-        mail_.Last(client, wire::ErrorReply{0, std::string(wire::kSessionEnded) + why +
-                                                   " with no request open (--peer-timeout)"});
-      Drop(client, why, tell);
-    }
+    for (const auto& [client, why] : lost) Drop(client, why, told.count(client) > 0);
     std::erase_if(departed_, [&](const auto& d) {
       const bool waits =
           hooks_.busy(d.first) || mail_.Busy(d.first) || departures_.Waiting(d.first);
@@ -479,9 +473,14 @@ class Reception {
     return true;
   }
 
-  // `told`: its last message, why, is queued (Mailbox::Last), not to be forgotten.
-  void Drop(fi_addr_t client, const std::string& why, bool told = false) {
-    if (!told) mail_.Forget(client);
+  // `tell`: what was queued for it gives way to its last message, why its session ended (an
+  // ERROR of request id 0), which is still sent.
+  void Drop(fi_addr_t client, const std::string& why, bool tell = false) {
+    if (tell)
+      mail_.Last(client, wire::ErrorReply{0, std::string(wire::kSessionEnded) + why +
+                                                 " with no request open (--peer-timeout)"});
+    else
+      mail_.Forget(client);
     Forget(client, "lost: " + why);
   }
 
