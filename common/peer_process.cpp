@@ -76,24 +76,28 @@ std::string ProcHex(const uint8_t* bytes, size_t n, uint16_t port_network) {
   std::snprintf(port, sizeof(port), ":%04X", ntohs(port_network));
   return text + port;
 }
-// A connection's `tr` field is the timer running: 1 is the retransmission timer, and the next
-// field counts its expiries without an answer (proc(5) /proc/net/tcp; 4 is the zero-window
-// probe of a peer that reads nothing, which answers). Past kUnanswered such expiries (RTO
-// doubling from 200 ms: over a second) the peer's host or link no longer answers.
-constexpr unsigned kUnanswered = 3;
+// A connection's `tr` field is the timer running (proc(5) /proc/net/tcp): 1 is the
+// retransmission timer, and `retrnsmt` (hex) counts its expiries without an answer; 4 is the
+// zero-window probe of a peer that reads nothing, and the `timeout` column (decimal, the
+// kernel's icsk_probes_out) counts the probes left unanswered: a stopped reader's kernel
+// answers each, so it stays 0. Past kUnanswered of either (backoff doubling from 200 ms: over
+// a second) the peer's host or link no longer answers, whatever its window was when it went.
+constexpr unsigned long kUnanswered = 3;
 TcpPeer Established(const char* table, const std::string& remote) {
   std::ifstream file(table);
-  std::string line, slot, local, peer, state, queues, timer, expiries;
+  std::string line, slot, local, peer, state, queues, timer, expiries, uid, probes;
   std::getline(file, line);  // the header
   TcpPeer found = TcpPeer::kNone;
   while (std::getline(file, line)) {
     std::istringstream fields(line);
-    if (!(fields >> slot >> local >> peer >> state >> queues >> timer >> expiries) ||
+    if (!(fields >> slot >> local >> peer >> state >> queues >> timer >> expiries >> uid >>
+          probes) ||
         peer != remote || state != "01")
       continue;
-    const bool retransmitting = timer.rfind("01:", 0) == 0;
-    if (!retransmitting || std::stoul(expiries, nullptr, 16) < kUnanswered)
-      return TcpPeer::kAnswering;
+    unsigned long unanswered = 0;
+    if (timer.rfind("01:", 0) == 0) unanswered = std::stoul(expiries, nullptr, 16);
+    if (timer.rfind("04:", 0) == 0) unanswered = std::stoul(probes, nullptr, 10);
+    if (unanswered < kUnanswered) return TcpPeer::kAnswering;
     found = TcpPeer::kUnanswered;
   }
   return found;

@@ -198,6 +198,9 @@ TEST(Cluster, NicDownMidTransfer) {
       60s);
   EXPECT_EQ(next.exit_code, 0) << next.out << next.err;
   EXPECT_EQ(NumberAfter(next.out, "\"verified_bytes\":"), 64LL * 65536 * 2) << next.out;
+  // The server looks at a silent client once a second: the next client may be done before it
+  // saw the first one's end (its connections on the other lanes closed, lane 2's unanswered).
+  EXPECT_TRUE(WaitForOutput(server, "client 1 lost: ", 15s)) << server.Output();
   server.Signal(SIGTERM);
   Result served = server.Wait(15s);
   EXPECT_EQ(served.exit_code, 0) << served.out << served.err;
@@ -348,12 +351,19 @@ TEST(Cluster, ClientsComeAndGoAroundALongTransfer) {
   ASSERT_TRUE(mc.ok()) << mc.log();
   TempDir dir;
   const std::string address_file = dir.path() + "/addr";
-  Process server(mc.On("A", {StageBinary("07_full_p5"), "-p", "tcp", "--memory", "host", "--nics",
+  // Its processes, server and clients alike, come before the suite's other tests on the
+  // host's 2 cores (nice -10): the seconds it judges are then what the engine and the churn
+  // did, not whichever other test started beside them (CI had a churn second at 74%).
+  const auto first = [&](const char* host, std::vector<std::string> argv) {
+    argv.insert(argv.begin(), {"nice", "-n", "-10"});
+    return mc.On(host, std::move(argv));
+  };
+  Process server(first("A", {StageBinary("07_full_p5"), "-p", "tcp", "--memory", "host", "--nics",
                              "2", "--peer-timeout", "3", "--address-file", address_file}));
   const std::string address = WaitForLine(address_file, 20s);
   ASSERT_FALSE(address.empty()) << server.Output();
   auto client = [&](const char* repeat, const char* seed) {
-    return mc.On("B", {StageBinary("07_full_p5"),
+    return first("B", {StageBinary("07_full_p5"),
                        "-p",
                        "tcp",
                        address,

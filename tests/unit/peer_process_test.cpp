@@ -1,8 +1,11 @@
 // What a server can see of a peer's process (common/peer_process.hpp), on real processes and
 // real sockets: an shm address's pid, a running, stopped, dead-unreaped and reaped process,
-// and a loopback TCP connection open, then closed by its peer.
+// a loopback TCP connection open, then closed by its peer, and (as root, in a network
+// namespace of its own) one whose peer's link goes, with data in flight or a zero window.
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -11,6 +14,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <string>
 #include <thread>
 #include <vector>
@@ -90,6 +94,63 @@ TEST(PeerProcess, ATcpPeerIsThereWhileItsConnectionIsOpen) {
   EXPECT_FALSE(open);
   close(ours);
   close(listener);
+}
+
+// The peer's link goes (loopback down, in a namespace of the child's own) while our side has
+// bytes for it: with its window open they are retransmitted, with its window at zero (a
+// reader that had stopped reading) the kernel probes it; neither is answered, and either way
+// the peer is seen as unanswered within seconds (not as a stopped reader's open connection).
+// The child's exit code: 0 seen, 1 never seen, 2 set-up failed, 3 seen before the link went.
+int LinkGoesWith(bool zero_window) {
+  if (unshare(CLONE_NEWNET) != 0 || std::system("ip link set lo up") != 0) return 2;
+  const int listener = socket(AF_INET, SOCK_STREAM, 0);
+  const int small = 4096;
+  setsockopt(listener, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));  // inherited
+  sockaddr_in at{};
+  at.sin_family = AF_INET;
+  at.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(at);
+  if (bind(listener, reinterpret_cast<sockaddr*>(&at), sizeof(at)) != 0 || listen(listener, 1) ||
+      getsockname(listener, reinterpret_cast<sockaddr*>(&at), &len) != 0)
+    return 2;
+  const std::vector<uint8_t> address(reinterpret_cast<uint8_t*>(&at),
+                                     reinterpret_cast<uint8_t*>(&at) + sizeof(at));
+  const int ours = socket(AF_INET, SOCK_STREAM, 0);
+  if (connect(ours, reinterpret_cast<sockaddr*>(&at), sizeof(at)) != 0) return 2;
+  const int theirs = accept(listener, nullptr, nullptr);  // never read: its window fills
+  if (theirs < 0) return 2;
+  fcntl(ours, F_SETFL, O_NONBLOCK);
+  static char bytes[1 << 16];
+  if (zero_window) {
+    while (send(ours, bytes, sizeof(bytes), 0) > 0) {
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));  // probing, answered
+    if (common::TcpConnectionTo(address) != common::TcpPeer::kAnswering) return 3;
+  }
+  if (std::system("ip link set lo down") != 0) return 2;
+  if (!zero_window && send(ours, bytes, 1000, 0) != 1000) return 2;
+  for (int i = 0; i < 150; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    if (common::TcpConnectionTo(address) == common::TcpPeer::kUnanswered) return 0;
+  }
+  return 1;
+}
+void ExpectUnansweredOnceTheLinkGoes(bool zero_window) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root (a network namespace of its own)";
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) _exit(LinkGoesWith(zero_window));
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "1: still answering 15 s after the link went; 2: set-up "
+                                       "failed; 3: not answering before it went";
+}
+TEST(PeerProcess, ATcpPeerWhoseLinkWentIsUnanswered) {
+  ExpectUnansweredOnceTheLinkGoes(false);
+}
+TEST(PeerProcess, ATcpPeerWhoseLinkWentAtAZeroWindowIsUnanswered) {
+  ExpectUnansweredOnceTheLinkGoes(true);
 }
 
 }  // namespace
