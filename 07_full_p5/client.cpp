@@ -520,10 +520,10 @@ void ClientSession::WatchLanes() {
         lane_moved_[r->first_lane + l] = Clock::now();
       }
 }
-// Names the lanes still owed WRITEs, and the one whose WRITEs stopped landing first: a NIC
-// that failed for good (docs/failure-modes.md, "When a NIC fails"). The others stall after
-// it, once its WRITEs hold the whole window; the session ends with that, not a wait without
-// end.
+// Names the lanes still owed WRITEs, and the cause where one is seen: a NIC whose link is
+// down, else the lane whose WRITEs stopped landing first (a path that failed beyond the NIC;
+// docs/failure-modes.md, "When a NIC fails"). The others stall after it, once its WRITEs hold
+// the whole window; the session ends with that, not a wait without end.
 std::string ClientSession::Missing() const {
   std::string lanes_owed;
   std::vector<size_t> owed;  // lanes still owed WRITEs, the one that stopped first at front
@@ -535,6 +535,15 @@ std::string ClientSession::Missing() const {
                   std::to_string(expected_per_lane_[lane]);
     owed.push_back(lane);
   }
+  // A NIC whose kernel says its link is down is named as the cause, whichever lane stopped
+  // first: a lane that lagged may stop a moment after the others fill the window.
+  std::string down;
+  for (const size_t lane : owed)
+    if (common::LinkUp(domains_[lane]) == false)
+      down += std::string(down.empty() ? "" : ", ") + "lane " + std::to_string(lane) + " (" +
+              domains_[lane] + ")";
+  if (!down.empty())
+    return lanes_owed + "; " + down + ": its NIC's link is down (07 does not fail over)";
   std::sort(owed.begin(), owed.end(),
             [&](size_t x, size_t y) { return lane_moved_[x] < lane_moved_[y]; });
   if (owed.size() > 1 &&

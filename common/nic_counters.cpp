@@ -16,17 +16,39 @@ std::optional<uint64_t> ReadCounter(const std::string& path) {
   return value;
 }
 
+// efa names its domains after the device: rdmap79s0-rdm (RDM), rdmap79s0-dgrm.
+std::string DeviceOf(std::string domain) {
+  for (const std::string suffix : {"-rdm", "-dgrm"})
+    if (domain.size() > suffix.size() &&
+        domain.compare(domain.size() - suffix.size(), std::string::npos, suffix) == 0)
+      domain.resize(domain.size() - suffix.size());
+  return domain;
+}
+
+std::optional<std::string> FirstWord(const fs::path& path) {
+  std::ifstream in(path);
+  std::string word;
+  if (!std::getline(in, word)) return std::nullopt;
+  return word;
+}
+
 }  // namespace
+
+std::optional<bool> LinkUp(const std::string& domain, const std::string& root) {
+  // efa: "4: ACTIVE" when the port carries traffic; "1: DOWN", "2: INIT", ... when not.
+  if (const auto state =
+          FirstWord(fs::path(root) / "sys/class/infiniband" / DeviceOf(domain) / "ports/1/state"))
+    return state->find("ACTIVE") != std::string::npos;
+  // A netdev (RFC 2863 states): "up"; "down", "lowerlayerdown", "dormant", ... are not.
+  const auto operstate = FirstWord(fs::path(root) / "sys/class/net" / domain / "operstate");
+  if (!operstate || *operstate == "unknown") return std::nullopt;
+  return *operstate == "up";
+}
 
 std::string WireCounterPath(const std::string& domain, WireDirection direction,
                             const std::string& root) {
   const bool sent = direction == WireDirection::kSent;
-  // efa names its domains after the device: rdmap79s0-rdm (RDM), rdmap79s0-dgrm.
-  std::string device = domain;
-  for (const char* suffix : {"-rdm", "-dgrm"})
-    if (device.size() > std::string(suffix).size() &&
-        device.compare(device.size() - std::string(suffix).size(), std::string::npos, suffix) == 0)
-      device.resize(device.size() - std::string(suffix).size());
+  const std::string device = DeviceOf(domain);
   const char* counter = sent ? "rdma_write_bytes" : "rdma_write_recv_bytes";
   if (direction == WireDirection::kRetransmitted) counter = "retrans_bytes";
   const fs::path efa =

@@ -29,6 +29,12 @@ std::string WireCounterPath(const std::string& domain, WireDirection direction,
 // rdma_write_recv_bytes), not every byte the NIC received (a netdev's rx_bytes).
 bool CountsDeviceWrites(const std::string& domain, const std::string& root = "/");
 
+// Whether a libfabric domain's NIC has its link up, as its kernel says: an efa device's
+// ports/1/state ("4: ACTIVE"), a netdev's operstate ("up"); nullopt where nothing says
+// (shm, a netdev in state "unknown" such as lo, no such NIC under `root`). A lane whose NIC
+// is down is named as such when WRITEs stop (07's client), not guessed from timing.
+std::optional<bool> LinkUp(const std::string& domain, const std::string& root = "/");
+
 // A set of NICs' counters, read at Start() and again by Bytes(): bytes since Start, per NIC
 // (by domain name, each once however many lanes share it). NICs without a counter are left out.
 class WireBytes {

@@ -160,8 +160,8 @@ TEST(Cluster, FullEngineOnFourNics) {
 }
 
 // A NIC down for good mid-transfer (07 does not fail over, README.md "When a NIC fails"):
-// the client ends in bounded time, exit 1, naming that NIC's lane as the one that stopped
-// first, with no crash; the server drops the silent client and serves the next one on the
+// the client ends in bounded time, exit 1, naming that NIC's lane and its link down, with no
+// crash; the server drops the silent client and serves the next one on the
 // NICs that still work.
 TEST(Cluster, NicDownMidTransfer) {
   MiniCluster mc(kNics, 1000);
@@ -188,7 +188,7 @@ TEST(Cluster, NicDownMidTransfer) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, 15s);
   EXPECT_FALSE(r.timed_out);
   EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
-  EXPECT_NE(r.err.find("lane 2 (" + nic + ") stopped first"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("lane 2 (" + nic + "): its NIC's link is down"), std::string::npos) << r.err;
   EXPECT_EQ(r.err.find("signal"), std::string::npos) << r.err;
   EXPECT_EQ(r.err.find("Backtrace"), std::string::npos) << r.err;
   // The next client, on a NIC that works, is served and verified.
@@ -453,6 +453,7 @@ TEST(Cluster, ClientsComeAndGoAroundALongTransfer) {
   // The first line's interval holds the start (CONNECT, the server filling its first pages),
   // which is slower than the steady rate; the last may end the transfer.
   std::vector<std::pair<double, bool>> each_second;  // what the links carried; churn in it
+  std::string seconds;  // each second's end and what the links carried, * when churn was in it
   for (size_t k = 1; k + 1 < rates.size(); ++k) {
     const double end = rates[k].end_s + offset, begin = end - 1;
     int running = 1;  // the long one, and whoever ran at any time in this second, give or take
@@ -476,6 +477,10 @@ TEST(Cluster, ClientsComeAndGoAroundALongTransfer) {
         << " Gbps; alone it had " << full << " Gbps\n"
         << r.out;
     each_second.push_back({carried, changing});
+    char second[48];
+    std::snprintf(second, sizeof second, "%s%.1fs %.3f%s", k % 8 == 1 ? "\n  " : " ", end, carried,
+                  changing ? "*" : "");
+    seconds += second;
     // The engine as a whole: a client coming or going may slow the links for a moment, but
     // over any 3 seconds they carry at least half of what they did with the long one alone.
     if (k < 2) continue;
@@ -500,8 +505,11 @@ TEST(Cluster, ClientsComeAndGoAroundALongTransfer) {
   const double steady = median(all);
   std::printf(
       "links: steady %.3f Gbps (the median second), least in a second of churn %.3f (%.1f%%), "
-      "least without churn %.3f\n",
-      steady, least_changing, 100 * least_changing / steady, least_quiet);
+      "least without churn %.3f; each second (its end, Gbps, * churn; joins at %.1f, %.1f, %.1f "
+      "s, leaves at %.1f, %.1f s, a kill at %.1f s):%s\n",
+      steady, least_changing, 100 * least_changing / steady, least_quiet, others[1].first,
+      others[0].first, others[2].first, others[1].second, others[2].second, killed_at,
+      seconds.c_str());
   EXPECT_GE(least_changing, std::min(0.95 * steady, least_quiet))
       << "a client coming or going idled the links: " << least_changing << " of " << steady
       << " Gbps in that second";

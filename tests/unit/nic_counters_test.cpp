@@ -88,3 +88,27 @@ TEST(WireBytes, RetransmittedOnlyWhereTheDeviceCountsThem) {
   ASSERT_EQ(bytes.size(), 1u);
   EXPECT_EQ(bytes.at("rdmap79s0-rdm"), 8192u);
 }
+
+// A NIC's link as its kernel states it: efa's port state, a netdev's operstate; nothing for
+// shm, a netdev that does not say (lo: "unknown") or a name that is not there.
+TEST(NicLink, EfaPortStateAndNetdevOperstate) {
+  Tree t;
+  const auto state = [&](const std::string& path, const std::string& text) {
+    fs::create_directories((fs::path(t.root) / path).parent_path());
+    std::ofstream(fs::path(t.root) / path) << text << "\n";
+  };
+  state("sys/class/infiniband/rdmap79s0/ports/1/state", "4: ACTIVE");
+  state("sys/class/infiniband/rdmap80s0/ports/1/state", "1: DOWN");
+  state("sys/class/net/mcb1/operstate", "up");
+  state("sys/class/net/mcb2/operstate", "down");
+  state("sys/class/net/mcb3/operstate", "lowerlayerdown");
+  state("sys/class/net/lo/operstate", "unknown");
+  EXPECT_EQ(LinkUp("rdmap79s0-rdm", t.root), std::optional<bool>(true));
+  EXPECT_EQ(LinkUp("rdmap80s0-rdm", t.root), std::optional<bool>(false));
+  EXPECT_EQ(LinkUp("mcb1", t.root), std::optional<bool>(true));
+  EXPECT_EQ(LinkUp("mcb2", t.root), std::optional<bool>(false));
+  EXPECT_EQ(LinkUp("mcb3", t.root), std::optional<bool>(false));
+  EXPECT_EQ(LinkUp("lo", t.root), std::nullopt);
+  EXPECT_EQ(LinkUp("shm", t.root), std::nullopt);
+  EXPECT_EQ(LinkUp("mcb9", t.root), std::nullopt);
+}
