@@ -473,7 +473,6 @@ int ClientMain(const Options& options) {
   request.page_size = options.page_size;
   request.repeat = options.repeat;
   request.pages = SamplePages(options.seed, options.pages, region_pages);
-  if (options.test_bad_page) request.pages.back() = static_cast<uint32_t>(region_pages);
 
   const uint64_t expected = request.pages.size() * request.repeat;
   uint64_t arrived = 0;
@@ -541,7 +540,6 @@ int ClientMain(const Options& options) {
 
   region.SyncFromNic();
   std::span<uint8_t> view = region.HostView();
-  if (options.test_corrupt) view[request.pages[0] * request.page_size + 1] ^= 0x5a;
   const uint64_t verified = VerifyPages(view, request.pages, request.page_size, request.seed);
   PrintReceived(arrived, arrived * request.page_size, seconds,
                 static_cast<double>(done->last_completion_ns - done->first_post_ns) / 1e9,

@@ -672,7 +672,6 @@ std::vector<wire::Transfer> PlanRequests(const Options& options, uint64_t region
     requests[r].pages.assign(all_pages.begin() + r * options.pages,
                              all_pages.begin() + (r + 1) * options.pages);
   }
-  if (options.test_bad_page) requests.back().pages.back() = static_cast<uint32_t>(region_pages);
   return requests;
 }
 
@@ -688,7 +687,6 @@ uint64_t VerifyRequests(const Options& options, PageBuffer& region,
   }
   region.SyncFromNic();
   std::span<uint8_t> view = region.HostView();
-  if (options.test_corrupt) view[requests[0].pages[0] * options.page_size + 1] ^= 0x5a;
   uint64_t verified = 0;
   for (const auto& request : requests)
     verified += VerifyPages(view, request.pages, request.page_size, request.seed);

@@ -366,7 +366,6 @@ void ClientSession::PlanRequests() {
     requests_[r].pages.assign(all_pages.begin() + r * options_.pages,
                               all_pages.begin() + (r + 1) * options_.pages);
   }
-  if (options_.test_bad_page) requests_.back().pages.back() = static_cast<uint32_t>(region_pages);
   answered_.assign(requests_.size() + 1, false);
   expected_ = total_pages * options_.repeat;
   // <rung warmup>
@@ -637,11 +636,6 @@ void ClientSession::Connect() {
          lanes_[l].Advertise(region_mrs_[l].get(), region.nic_data(), region.size())});
   }
   connect.reply = control_.Address();
-  if (!options_.test_claim.empty()) {  // lanes 1.. become another client's
-    const auto claimed = ReadAddressList(options_.test_claim);
-    for (size_t l = 1; l < connect.lanes.size() && l < claimed.size(); ++l)
-      connect.lanes[l].address = claimed[l];
-  }
   mail_->Seal(server_, from_server_.token());  // the server's answers carry it back
   Send(connect);
   for (ConnectRepeat again; !accepted_; Progress()) {
@@ -757,8 +751,6 @@ uint64_t ClientSession::Verify() {
     region.SyncFromNic();
     views[g] = region.HostView();
   }
-  if (options_.test_corrupt)
-    views.begin()->second[requests_[0].pages[0] * options_.page_size + 1] ^= 0x5a;
   std::vector<std::span<const uint8_t>> lane_views;
   for (size_t l = 0; l < lanes_.size(); ++l) lane_views.push_back(views.at(plan_.group_of[l]));
   uint64_t verified = 0;

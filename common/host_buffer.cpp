@@ -38,9 +38,4 @@ HostBuffer::HostBuffer(size_t size, Pages pages, size_t alignment) : size_(size)
   data_.reset(static_cast<uint8_t*>(p));
 }
 
-void HostBuffer::Discard() {
-  const size_t rounded = (size_ + kBufferAlignment - 1) / kBufferAlignment * kBufferAlignment;
-  if (data_ != nullptr && rounded > 0) madvise(data_.get(), rounded, MADV_DONTNEED);
-}
-
 }  // namespace common

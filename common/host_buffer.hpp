@@ -27,9 +27,6 @@ class HostBuffer {
   explicit HostBuffer(size_t size, Pages pages = Pages::kHuge, size_t alignment = kBufferAlignment);
   uint8_t* data() const { return data_.get(); }
   size_t size() const { return size_; }
-  // Gives the pages back to the system and keeps the address range: reading it afterwards gives
-  // zeros, never freed memory. For a buffer a thread stuck in the provider may still read.
-  void Discard();
 
  private:
   struct Free {

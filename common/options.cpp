@@ -66,17 +66,6 @@ const char* MemoryName(MemoryKind kind) {
   }
 }
 
-const char* GpuPathName(GpuPathMode mode) {
-  switch (mode) {
-    case GpuPathMode::kDirect:
-      return "direct";
-    case GpuPathMode::kStaged:
-      return "staged";
-    default:
-      return "auto";
-  }
-}
-
 // The values a numeric option may take: what a server can actually serve, or a client ask.
 struct Range {
   uint64_t lo = 0, hi = UINT64_MAX;
@@ -227,12 +216,6 @@ static void AddTransferOptions(CLI::App& app, Options& o) {
   AddSize(app, "--pages", &o.pages, "Pages per TRANSFER request", "N");
   AddSize(app, "--repeat", &o.repeat, "Times the page set is written", "N");
   app.add_option("--seed", o.seed, "Seed of the page data and page choice")->capture_default_str();
-  app.add_flag("--test-bad-page", o.test_bad_page,
-               "Test only: ask for a page outside the region (the server must refuse)")
-      ->group("");
-  app.add_flag("--test-corrupt", o.test_corrupt,
-               "Test only: damage one received byte before verifying (must exit 1)")
-      ->group("");
 }
 static void AddWindowOptions(CLI::App& app, Options& o) {
   AddSize(app, "-W,--window", &o.window, "WRITEs in flight at once: in all (05, 06), per lane (07)",
@@ -318,10 +301,6 @@ static void AddEngineOptions(CLI::App& app, Options& o) {
              "calibration session at the fastest rung first (0: --repeat as given, no "
              "calibration)",
              true);
-  app.add_option("--test-claim", o.test_claim,
-                 "Test only: CONNECT with the lane addresses in this file (another client's, "
-                 "written by its --address-file); the server must refuse")
-      ->group("");
 }
 static void AddHostOptions(CLI::App& app, Options& o) {
   app.add_option("--topology", o.topology,

@@ -74,10 +74,6 @@ struct Options {
   double min_seconds = 1;      // --ladder: each run at least this long (0: as --repeat says)
   double peer_timeout_s = 10;  // server: a connected client silent this long is dropped (03 on)
   bool check = false;          // 07 --check: the preflight of this host instead of a run
-  // Test-only switches, to prove that errors are caught.
-  bool test_bad_page = false;
-  bool test_corrupt = false;
-  std::string test_claim;  // 07: a file of another client's lane addresses to claim
 };
 
 // Option groups a stage can ask for, by the first stage that teaches them.
@@ -122,6 +118,5 @@ uint64_t ParseSize(const std::string& text, const std::string& what);
 void CheckRequestSize(const Options& options);
 
 const char* MemoryName(MemoryKind kind);
-const char* GpuPathName(GpuPathMode mode);
 
 }  // namespace common

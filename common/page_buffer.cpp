@@ -69,12 +69,6 @@ std::span<uint8_t> PageBuffer::HostView() {
   return {host_.data(), size_};
 }
 
-bool PageBuffer::DiscardHostPages() {
-  if (path_ != Path::kHost) return false;
-  host_.Discard();
-  return true;
-}
-
 MemoryKind ResolveMemory(MemoryKind requested) {
   if (requested == MemoryKind::kHost) return requested;
   const bool have_gpu = CudaDeviceCount() > 0;

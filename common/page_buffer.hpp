@@ -41,8 +41,6 @@ class PageBuffer {
   void SyncFromNic();
   // A host view of the contents (read back from the GPU when they live there).
   std::span<uint8_t> HostView();
-  // Host path: the pages go back to the system (HostBuffer::Discard); true if they did.
-  bool DiscardHostPages();
 
  private:
   Path path_ = Path::kHost;

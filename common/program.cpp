@@ -56,9 +56,6 @@ static std::atomic<bool> verbose{false};
 void SetVerbose(bool on) {
   verbose.store(on);
 }
-bool Verbose() {
-  return verbose.load();
-}
 void Diagnostic(const char* format, ...) {
   if (!verbose.load()) return;
   va_list args;

@@ -16,7 +16,6 @@ const char* ProgramName();
 // -v: diagnostics are printed (dropped messages, unanswered CONNECTs, stalled threads); a
 // normal run prints nothing that reads like a failure where nothing failed.
 void SetVerbose(bool verbose);
-bool Verbose();
 // A diagnostic line, printf-style: printed with -v only.
 void Diagnostic(const char* format, ...) __attribute__((format(printf, 1, 2)));
 

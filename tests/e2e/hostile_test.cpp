@@ -200,6 +200,22 @@ TEST_P(Hostile, RequestThenByeAtOnce) {
   server.Stop();
 }
 
+// A request naming a page one past the end of the client's region: refused with the page
+// named (common/protocol.cpp checks it for every stage), no WRITE posted; the next client
+// verifies.
+TEST_P(Hostile, PageOutsideTheRegionIsRefused) {
+  Attacked server(stage(), provider());
+  ASSERT_FALSE(server.address().empty());
+  Result attack = server.Attack("bad-page");
+  EXPECT_EQ(attack.exit_code, 0) << attack.out << attack.err;
+  EXPECT_NE(attack.out.find("server said: page index 16384 (entry 15) is outside the region of "
+                            "16384 pages of 4096 bytes"),
+            std::string::npos)
+      << attack.out << attack.err;
+  server.ExpectServed();
+  server.Stop();
+}
+
 // The malformed messages (each field wrong in turn), from a stranger and from a connected
 // client: refused or dropped, and the next client verifies.
 TEST_P(Hostile, MalformedMessages) {

@@ -73,33 +73,6 @@ TEST_P(Transfer, VerifiesEveryPageForSeveralSizes) {
   EXPECT_NE(done.out.find("served 4 clients"), std::string::npos) << done.out;
 }
 
-TEST_P(Transfer, PageOutsideRegionIsRefusedAndTheNextClientSucceeds) {
-  StageServer server(stage(), provider(), 2, ServerArgs(stage()));
-  ASSERT_FALSE(server.address().empty());
-  Result bad = RunClient(stage(), provider(), server.address(),
-                         With({"--pages", "16", "-S", "4k", "--test-bad-page"}));
-  EXPECT_EQ(bad.exit_code, 1) << bad.out << bad.err;
-  EXPECT_NE(bad.err.find("refused"), std::string::npos) << bad.err;
-  EXPECT_NE(bad.err.find("outside the region"), std::string::npos) << bad.err;
-  Result good =
-      RunClient(stage(), provider(), server.address(), With({"--pages", "16", "-S", "4k"}));
-  EXPECT_EQ(good.exit_code, 0) << good.err;
-  EXPECT_EQ(NumberAfter(good.out, "verified "), 16 * 4096 * RequestsOf(stage())) << good.out;
-  Result done = server.Wait();
-  EXPECT_EQ(done.exit_code, 0) << done.err;
-}
-
-TEST_P(Transfer, CorruptedPageFailsVerification) {
-  StageServer server(stage(), provider(), 1, ServerArgs(stage()));
-  ASSERT_FALSE(server.address().empty());
-  Result client = RunClient(stage(), provider(), server.address(),
-                            With({"--pages", "8", "-S", "4k", "--test-corrupt"}));
-  EXPECT_EQ(client.exit_code, 1) << client.out << client.err;
-  EXPECT_NE(client.err.find("verification failed: page 0"), std::string::npos) << client.err;
-  EXPECT_NE(client.err.find("differs at byte offset 1"), std::string::npos) << client.err;
-  EXPECT_EQ(server.Wait().exit_code, 0);
-}
-
 TEST_P(Transfer, ClientWithoutServerGivesUpInBoundedTime) {
   std::string address;
   {

@@ -1,11 +1,12 @@
 // hostile_peer: a misbehaving client, for the tests. It speaks the wire protocol of stages 03
 // on with libfabric directly and does, on purpose, what a careless or malicious process on
 // the network could: oversized and malformed messages, CONNECTs that name addresses where
-// nothing listens, floods of clients, huge or endless requests, leaving mid-request, never
-// reading its completions, writing into another client's region with guessed keys, dying
-// right after a CONNECT.
+// nothing listens or another client's lanes, floods of clients, huge or endless requests, a
+// page outside the region, leaving mid-request, never reading its completions, writing into
+// another client's region with guessed keys, dying right after a CONNECT.
 //
 //   hostile_peer [-p PROVIDER] [--domain D] ADDRESS CASE [--stage N] [--count N] [--victim FILE]
+//                [--lane K]
 //
 // Every loop it runs is bounded (--seconds, default 10). It prints one line per thing it did
 // ("sent ...", "refused: ...", "wrote N of M") and exits 0 when it could do its part, 1 when
@@ -363,6 +364,7 @@ struct Attack {
   double hold = 2;
   std::string victim;
   std::string spelling = "same";
+  size_t lane = 0;  // claim-lane: which of the victim's lanes
   std::vector<uint8_t> server;
   Clock::time_point deadline;
   bool tcp = false;
@@ -667,8 +669,15 @@ void Attack::Requests() {
   if (what == "transfer-bye") requests.push_back(TransferOf(1, 1024, 64 << 10, 64));
   if (what == "many-requests")
     for (uint32_t i = 1; i <= count; ++i) requests.push_back(TransferOf(i, 4, 4096, 1000));
+  if (what == "bad-page") {  // 16 pages of 4 KiB, the last one page past the region's end
+    requests.push_back(TransferOf(1, 16, 4096, 1));
+    requests.back().pages.back() = static_cast<uint32_t>(region / 4096);
+  }
   for (const auto& r : requests)
     if (!SendMessage(*p, r, deadline)) throw Error(p->last_error);
+  if (what == "bad-page")  // its answer, before BYE
+    WaitFor(
+        *p, [&] { return p->last_text != "ACCEPT"; }, deadline);
   // The server WRITEs into an address nothing of ours is registered at, with a key we did
   // not give out: those fail on its side. What we receive are its refusals, if any.
   if (what == "big-requests" || what == "many-requests")
@@ -712,8 +721,14 @@ void Attack::ClaimLane() {
   // and again as a client sends its own, for --seconds: answered, it would have the server
   // write into the victim's region with the victim's keys.
   auto addresses = ReadAddressList(victim);
+  if (lane >= addresses.size())
+    throw UsageError("--lane " + std::to_string(lane) + ": the victim has " +
+                     std::to_string(addresses.size()) + " lanes");
   auto p = Open(options, server, true);
-  wire::Connect c = ConnectOf(*p, 1 << 20, Respell(addresses[0], spelling, *p->info));
+  // Lanes 0..K-1 ours, lane K the victim's lane K (--lane K).
+  wire::Connect c = ConnectOf(*p, 1 << 20);
+  c.lanes.assign(lane + 1, c.lanes[0]);
+  c.lanes[lane].address = Respell(addresses[lane], spelling, *p->info);
   c.reply = p->Address();
   common::ConnectRepeat again;
   uint64_t sent = 0;
@@ -801,6 +816,7 @@ const std::map<std::string, void (Attack::*)()> kCases = {
     {"transfer-bye", &Attack::Requests},
     {"silent", &Attack::Requests},
     {"many-requests", &Attack::Requests},
+    {"bad-page", &Attack::Requests},
     {"malformed", &Attack::MalformedMessages},
     {"claim-lane", &Attack::ClaimLane},
     {"stranger-write", &Attack::StrangerWrite},
@@ -823,6 +839,8 @@ int main(int argc, char** argv) {
   app.add_option("--spelling", a.spelling,
                  "claim-lane: how the victim's lane is written: same, bare (shm: no fi_shm://), "
                  "scheme (shm: fi_ns://), tail (shm: bytes after the NUL; tcp: sin_zero set)");
+  app.add_option("--lane", a.lane,
+                 "claim-lane: the victim's lane K, as our lane K (lanes before it our own)");
   app.add_option("--stage", stage,
                  "The stage its messages say it is (that of the server under attack: a server "
                  "refuses a client of another stage at once)")
