@@ -1,6 +1,6 @@
 // 07's service machinery: what a server needs to serve many clients at once, and none of the
-// ladder, so that main.cpp reads as the engine and its optimizations (README.md, "The
-// service"). The service owns the control endpoint on the first NIC and puts it on the front
+// ladder, so that main.cpp reads as the engine and its optimizations (README.md, "One
+// engine, many peers"). The service owns the control endpoint on the first NIC and puts it on the front
 // desk that 03 to 06 use (common/reception.hpp: admission, tokens, departures, limits); it
 // keeps each client's session in the engine to its limits (--max-requests, and
 // --client-memory through the engine), answers every request with DONE or ERROR, notices a

@@ -1,4 +1,4 @@
-// Reading a completion queue, as every stage from 03 on does (01 teaches it; from 03 on it no
+// Reading a completion queue, as every stage from 02 on does (01 teaches it; from 02 on it no
 // longer changes, so it lives here once). Completions are read in batches, and each one is
 // handed to the caller's function directly: no allocation and no std::function per completion.
 #pragma once

@@ -1,4 +1,4 @@
-// The control messages of one side, from stage 03 on (03's README walks through it): receive
+// The control messages of one side, from stage 02 on (02's README walks through it): receive
 // buffers kept posted, send buffers, and the messages waiting for one. Sending never waits:
 // Send() queues a message and Flush(), called from the owner's loop, posts what the provider
 // takes now. A peer whose messages wait too long is reported, so a server drops it instead of

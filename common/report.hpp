@@ -1,4 +1,4 @@
-// The figures every transfer stage ends with (docs/architecture.md, "Benchmarks").
+// The figures every transfer stage ends with (docs/architecture.md, "Clocks and figures").
 #pragma once
 
 #include <time.h>
