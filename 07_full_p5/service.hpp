@@ -1,7 +1,7 @@
 // 07's service machinery: what a server needs to serve many clients at once, and none of the
 // ladder, so that main.cpp reads as the engine and its optimizations (README.md, "One
-// engine, many peers"). The service owns the control endpoint on the first NIC and puts it on the front
-// desk that 03 to 06 use (common/reception.hpp: admission, tokens, departures, limits); it
+// engine, many peers"). The service owns the control endpoint on the first NIC and puts it on the
+// front desk that 03 to 06 use (common/reception.hpp: admission, tokens, departures, limits); it
 // keeps each client's session in the engine to its limits (--max-requests, and
 // --client-memory through the engine), answers every request with DONE or ERROR, notices a
 // client whose WRITEs stop, and never lets one client hold up another. The engine

@@ -26,8 +26,8 @@ struct Summary {
   double answered_seconds = 0;
   // 07: what opening the session cost the server (once), and filling pages (per request).
   double server_setup_seconds = -1;  // negative: not measured (before 07)
-  uint64_t source_bytes = 0;  // 07: the data set of each server source buffer (0: not 07)
-  double verify_seconds = -1;  // checking every page received, after the clock
+  uint64_t source_bytes = 0;         // 07: the data set of each server source buffer (0: not 07)
+  double verify_seconds = -1;        // checking every page received, after the clock
   // 07: the client's clock from its first TRANSFER sent to its first WRITE landed, the
   // figure the warmup rung moves: without warmup it carries the lanes' first use (connections
   // made, the peer's memory first mapped). Negative: not measured.

@@ -6,8 +6,8 @@
 // that the test chooses the moment (mid-transfer) however slowly a loaded host starts the program.
 // Over libfabric 1.17's shm, every later send or WRITE to that region then spins inside the
 // provider (for good in a program of its own, tests/provider/shm_faults.cpp, locked-peer; for
-// the stages' stuck-call line and exit, common/provider_watch.hpp): 1.17's region lock, 2.6's inject-buffer lock.
-// A libfabric that takes no such lock lets the process live.
+// the stages' stuck-call line and exit, common/provider_watch.hpp): 1.17's region lock, 2.6's
+// inject-buffer lock. A libfabric that takes no such lock lets the process live.
 #include <dlfcn.h>
 #include <pthread.h>
 #include <signal.h>
