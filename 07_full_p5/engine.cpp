@@ -1,496 +1,766 @@
-// 07_full_p5: a data thread of the server, and the rungs of the ladder it climbs. Each rung
-// is code behind its own switch, marked <rung NAME> ... </rung NAME>; where the rung below
-// has a line of its own instead, it follows as "// <without NAME> CODE". `scripts/rung-diff
-// NAME` writes the rung below (these files without the rung) and shows the rung as a diff
-// against it (README.md).
-
-#include <rdma/fabric.h>
-#include <rdma/fi_errno.h>
+// 07_full_p5: the engine and its clients. The engine opens its lanes (an endpoint, CQ and AV
+// per NIC), its source memory and its data threads once; a client is an entry in it: its lane
+// addresses in the lanes' AVs, its region, keys, window and requests, added for its CONNECT
+// and removed when it goes. The service (service.cpp) drives both through service.hpp.
 
 #include <pthread.h>
 #include <sched.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <cstring>
-#include <mutex>
+#include <map>
+#include <optional>
+#include <set>
 #include <string>
 #include <thread>
-#include <utility>
 
-#include "backoff.hpp"
 #include "engine.hpp"
 #include "error.hpp"
+#include "page_data.hpp"
+#include "provider_watch.hpp"
+#include "thread_state.hpp"
 
 namespace p5 {
 
-// <rung pin>
-// --pin: the thread stays on one core of its group's NUMA node, its caches warm and its
-// NICs' completions handled where their memory is.
-void PinToGroupCore(const Worker& w) {
-  if (!IsThisSystem(w.engine->topology)) return;  // a rehearsal: planned, not bound
-  std::string why;
-  if (w.cpu && !PinThread(w.engine->topology, *w.cpu, why))
-    std::printf("warning: not pinned: %s\n", why.c_str());
+std::string DescribeEngine(const wire::Engine& e, size_t threads) {
+  std::string s = std::to_string(threads) + " thread" + (threads == 1 ? "" : "s");
+  s += (e.flags & wire::kEnginePin) ? ", pinned" : ", not pinned";
+  s += (e.flags & wire::kEngineShard) ? ", sharded" : ", one shared state";
+  s += ", batch " + std::to_string(e.batch);
+  s += (e.flags & wire::kEngineLazy) ? ", lazy posting" : ", eager posting";
+  s += (e.flags & wire::kEngineNuma) ? ", NUMA-bound" : ", no NUMA binding";
+  s += ", doorbell " + std::to_string(e.doorbell);
+  s += ", window " + std::to_string(e.window) + " per lane";
+  return s;
 }
-// </rung pin>
-// <rung numa>
-// --numa: what the thread allocates from here on (its endpoints and queues) comes from its
-// group's NUMA node; the source pages are there already (Engine::MakeSources).
-void BindToGroupMemory(const Worker& w) {
-  if (!IsThisSystem(w.engine->topology)) return;
-  std::string why;
-  if (!BindThreadMemory(w.engine->topology, w.group->numa, why))
-    std::printf("warning: memory not bound: %s\n", why.c_str());
+namespace {
+
+// What the stall line adds: the CPU the thread used since its last completion, and where it is.
+std::string Whereabouts(PeerSlot& slot) {
+  Worker& w = *slot.worker;
+  const double cpu = CpuSecondsOf(w.thread);
+  std::string s = "; ";
+  if (cpu >= 0 && slot.cpu_at_completion >= 0)
+    s += "since then it used " +
+         FormatSeconds(std::chrono::duration_cast<Clock::duration>(
+             std::chrono::duration<double>(cpu - slot.cpu_at_completion))) +
+         " of CPU, and ";
+  return s + "it is now " + WhereIs(w.tid);
 }
-// </rung numa>
-// Each data thread opens its lanes once, for every client to come, and registers its lanes'
-// groups' source pages on them.
-void OpenLanes(Worker& w) {
-  Engine& e = *w.engine;
-  for (size_t l = w.first_lane; l < w.first_lane + w.lane_count; ++l) {
-    w.lanes.push_back(Network::Open(DataLane(*e.plan.lanes[l]), e.wait, &e.memory, 0, true));
-    w.writers.push_back(w.lanes.back().Address());
-  }
-  for (size_t l = 0; l < w.lane_count; ++l) {
-    PageBuffer& source = e.sources[e.plan.group_of[w.first_lane + l]];
-    w.source_at.push_back(static_cast<uint8_t*>(source.nic_data()));
-    w.source_mrs.push_back(
-        RegisterPages(w.lanes[l].domain.get(), *w.lanes[l].info, source, FI_WRITE));
-    w.source_desc.push_back(fi_mr_desc(w.source_mrs.back().get()));
-  }
-  w.riders.assign(w.lane_count, nullptr);
-  w.in_order = CompletesInOrder(*w.lanes[0].info);
-  if (IsThisSystem(e.topology))
-    w.placement = DescribePlacement(e.topology);
-  else  // a rehearsal (--topology): where it would run there
-    w.placement =
-        std::string("planned: ") +
-        (e.shape.pin && w.cpu ? "cpu " + std::to_string(*w.cpu) : "any cpu") +
-        (e.shape.numa ? ", memory on node " + std::to_string(w.group->numa) : ", memory anywhere");
+
+}  // namespace
+
+// <rung threads>
+size_t ThreadsFor(uint32_t asked, const Plan& plan, size_t lanes) {
+  size_t threads = asked;
+  if (threads == 0)
+    threads = std::set<size_t>(plan.group_of.begin(), plan.group_of.begin() + lanes).size();
+  return std::min(threads, lanes);
 }
-// A counter only its thread writes and the control thread reads: a plain load and store, not
-// a locked read-modify-write (twice per WRITE).
-void Add(std::atomic<uint64_t>& counter, int64_t n) {
-  counter.store(counter.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
-}
-// A WRITE's slot in the client's window, and its completion counted. Without sharding: the
-// client's window and counters, behind its lock, shared by its threads; each thread still
-// takes no more than its lanes' share, so none starves the others.
-Op* TakeOp(PeerSlot& slot) {
+// </rung threads>
+
+// The engine's shape for what a client asks: the engine rungs it switches on.
+Shape ShapeFor(const wire::Engine& asked, [[maybe_unused]] const Plan& plan) {
+  Shape shape;
+  // <rung threads>
+  shape.threads = ThreadsFor(asked.threads, plan, plan.lanes.size());
+  // </rung threads>
+  // <rung pin>
+  shape.pin = asked.flags & wire::kEnginePin;
+  // </rung pin>
   // <rung shard>
-  // --shard: the thread's own window and counters for this client, no lock.
-  if (!slot.ops.empty()) {
-    if (slot.free_ops.empty()) return nullptr;
-    Op* op = slot.free_ops.back();
-    slot.free_ops.pop_back();
-    Add(slot.in_flight, 1);
-    return op;
-  }
+  shape.shard = asked.flags & wire::kEngineShard;
   // </rung shard>
-  SharedState& shared = slot.peer->shared;
-  std::lock_guard lock(shared.mutex);
-  ++shared.locks;
-  if (slot.in_flight.load(std::memory_order_relaxed) >=
-      slot.peer->settings.window * slot.lanes_used)
-    return nullptr;
-  if (shared.free_ops.empty()) return nullptr;
-  Op* op = shared.free_ops.back();
-  shared.free_ops.pop_back();
-  Add(slot.in_flight, 1);
-  return op;
+  // <rung numa>
+  shape.numa = asked.flags & wire::kEngineNuma;
+  // </rung numa>
+  return shape;
 }
-// A WRITE's slot back in the window; `written`: it completed (a dropped one never went out).
-void ReturnOp(Op* op, bool written) {
-  PeerSlot& slot = *op->share->slot;
-  Add(slot.in_flight, -1);
-  slot.bytes_in_flight -= op->length;
-  ++op->share->completed;
-  // <rung shard>
-  if (!slot.ops.empty()) {
-    Add(slot.writes, written);
-    Add(slot.bytes, written ? op->length : 0);
-    slot.free_ops.push_back(op);
-    return;
+uint32_t FlagsOf(const Shape& shape) {
+  return (shape.pin ? wire::kEnginePin : 0) | (shape.shard ? wire::kEngineShard : 0) |
+         (shape.numa ? wire::kEngineNuma : 0);
+}
+std::string DescribeShape(const Shape& shape) {
+  return std::to_string(shape.threads) + " thread" + (shape.threads == 1 ? "" : "s") +
+         (shape.pin ? ", pinned" : ", not pinned") +
+         (shape.shard ? ", sharded" : ", one shared state") +
+         (shape.numa ? ", NUMA-bound" : ", no NUMA binding");
+}
+
+// ---- A client: an entry in the engine ----
+
+void Peer::Fail(const std::string& why) {
+  std::lock_guard lock(mutex);
+  if (failure.empty()) failure = why;
+}
+Peer::~Peer() {
+  if (engine == nullptr) return;
+  --engine->peers;
+  Uncommit();
+  if (!stuck || generation != engine->generation) return;  // a Build let its WRITEs go
+  --engine->stuck_leaves;  // its WRITEs left the provider after all (Leavers)
+  for (size_t l = 0; l < held_at.size() && l < engine->held.size(); ++l)
+    engine->held[l] -= held_at[l];
+}
+uint64_t Peer::SourceBytes() const {
+  return engine->source_bytes;
+}
+std::vector<std::vector<uint8_t>> Peer::Writers() const {
+  std::vector<std::vector<uint8_t>> all;
+  for (size_t l = 0; l < regions.size(); ++l) {
+    const Worker& w = *engine->workers[engine->owner[l]];
+    all.push_back(w.writers[l - w.first_lane]);
   }
-  // </rung shard>
-  SharedState& shared = slot.peer->shared;
-  std::lock_guard lock(shared.mutex);
-  ++shared.locks;
-  shared.writes += written;
-  shared.bytes += written ? op->length : 0;
-  shared.free_ops.push_back(op);
+  return all;
 }
-void CountWrite(Op* op) {
-  ReturnOp(op, true);
+std::string Peer::Describe() const {
+  std::set<size_t> buffers;  // its lanes' groups' source buffers
+  for (size_t l = 0; l < regions.size(); ++l) buffers.insert(engine->plan.group_of[l]);
+  return Plural(regions.size(), "lane") + ", " + DescribeEngine(settings, slots.size()) +
+         ", the engine's source memory in " + Plural(buffers.size(), "buffer") + asked;
 }
-// A completion: its WRITE's, and those of the WRITEs it vouches for (Flush).
-void CountCompletion(Op* op) {
-  ++op->share->slot->completions;
-  for (Op* rider = std::exchange(op->rider, nullptr); rider != nullptr;)
-    CountWrite(std::exchange(rider, std::exchange(rider->rider, nullptr)));
-  CountWrite(op);
+// Splits a validated request into one share per data thread, each page's
+// source and target worked out here, on the control thread, and hands them over. Pages larger
+// than the data set could come from nowhere: refused.
+std::string Peer::Dispatch(wire::Transfer transfer) {
+  auto request = std::make_shared<Request>();
+  request->transfer = std::move(transfer);
+  request->peer = this;
+  const wire::Transfer& t = request->transfer;
+  request->done = {t.request_id, 0, UINT64_MAX, 0};
+  const uint64_t source = engine->source_bytes;
+  if (t.page_size > source)
+    return "request " + std::to_string(t.request_id) + ": pages of " + std::to_string(t.page_size) +
+           " bytes, larger than this server's source pages (" + std::to_string(source) +
+           " bytes a buffer: --server-memory over its buffers)";
+  std::map<PeerSlot*, std::unique_ptr<Share>> shares;
+  for (size_t i = 0; i < t.pages.size(); ++i) {
+    const size_t lane = i % regions.size();  // page i of a request goes out on lane i % lanes
+    PeerSlot* slot = at_lane[lane];
+    auto& share = shares[slot];
+    if (!share) share = std::make_unique<Share>();
+    share->slot = slot;
+    share->pages.push_back({SourceOffset(t.seed, t.pages[i], t.page_size, source),
+                            t.pages[i] * t.page_size, lane - slot->worker->first_lane});
+  }
+  request->shares_left = shares.size();
+  for (auto& [slot, share] : shares) {
+    Worker& worker = *slot->worker;
+    share->request = request;
+    share->total = share->pages.size() * t.repeat;
+    {
+      std::lock_guard lock(worker.inbox_mutex);
+      worker.inbox.push_back(std::move(share));
+      worker.has_inbox = true;
+    }
+    worker.inbox_ready.notify_all();
+  }
+  return "";
 }
-// Clients that come and go, and new shares, from the control thread. A client's entries go
-// into the lanes' AVs here, by the thread that owns the lanes.
-void TakeInbox(Worker& w) {
-  if (!w.has_inbox) return;
-  std::vector<std::unique_ptr<Share>> shares;
-  std::vector<PeerSlot*> joining, leaving;
+// What the data threads did for this client since the last call: requests finished, a
+// failure, and a thread whose WRITEs to it stopped completing, told once per stall.
+service::Session::Report Peer::Poll() {
+  Report report;
   {
-    std::lock_guard lock(w.inbox_mutex);
-    shares.swap(w.inbox);
-    joining.swap(w.joining);
-    leaving.swap(w.leaving);
-    w.has_inbox = false;
+    std::lock_guard lock(mutex);
+    report.finished.swap(finished);
+    report.failure = failure;
   }
-  for (PeerSlot* slot : joining) {
-    try {
-      for (size_t l = 0; l < slot->lanes_used; ++l)
-        slot->dest.push_back(w.lanes[l].AddPeerAddress(slot->peer->addresses[w.first_lane + l]));
-      slot->moves_at_join = w.core_moves.load(std::memory_order_relaxed);
-      slot->cpu_at_join = ThreadCpuSeconds();
-      w.slots.push_back(slot);
-    } catch (const std::exception& e) {
-      slot->peer->Fail(e.what());
-      slot->leaving = true;
-      slot->left.store(true, std::memory_order_release);
+  // Told before --peer-timeout would drop the client for the same silence.
+  const auto limit = std::chrono::duration<double>(engine->options.peer_timeout_s);
+  const auto told_after =
+      std::min<Clock::duration>(kStallTold, std::chrono::duration_cast<Clock::duration>(limit / 2));
+  for (const auto& s : slots) {
+    PeerSlot& slot = *s;
+    Worker& w = *slot.worker;
+    const uint64_t rounds = w.rounds.load(std::memory_order_relaxed);
+    // WRITEs owed and none completed for told_after since the last completion or new share:
+    // said once, with what the thread did since, which tells the three stalls apart: it
+    // went round with posts refused (the provider's queue is full), it went round with every
+    // post taken (the provider or the peer holds the completions), or it did not go round
+    // (stuck inside a provider call).
+    const Clock::rep work = slot.last_work.load(std::memory_order_relaxed);
+    if (work != slot.completion_seen) {
+      slot.completion_seen = work;
+      slot.rounds_at_completion = rounds;
+      slot.refused_at_completion = w.refused.load(std::memory_order_relaxed);
+      slot.cpu_at_completion = CpuSecondsOf(w.thread);
+      slot.stall_told = false;
     }
-    slot->joined.store(true, std::memory_order_release);
-  }
-  for (auto& share : shares) {
-    PeerSlot& slot = *share->slot;
-    if (slot.leaving) continue;  // a request that crossed its BYE
-    slot.shares.push_back(std::move(share));
-    slot.shares_held.store(slot.shares.size(), std::memory_order_relaxed);
-    slot.last_work.store(Clock::now().time_since_epoch().count(), std::memory_order_relaxed);
-  }
-  for (PeerSlot* slot : leaving) {
-    if (slot->left) continue;
-    // No new WRITE for it: what is not begun is dropped, what is begun ends with the WRITEs
-    // already prepared, which complete (or fail) as any other.
-    slot->leaving = true;
-    std::erase_if(slot->shares, [](const auto& s) { return s->prepared == 0; });
-    for (auto& share : slot->shares) share->total = share->prepared;
-    // WRITEs prepared and not posted are dropped, unless some went out with FI_MORE before
-    // them: the provider may hold those until a post rings the doorbell.
-    for (size_t l = 0; l < slot->pending.size(); ++l) {
-      for (PendingWrites& queue = slot->pending[l]; !slot->held_back[l] && !queue.empty();) {
-        ReturnOp(queue.front(), false);
-        queue.pop_front();
-      }
+    const uint64_t owed = slot.in_flight.load(std::memory_order_relaxed);
+    const size_t held = slot.shares_held.load(std::memory_order_relaxed);
+    if (!slot.stall_told && !w.exited && (owed > 0 || held > 0) &&
+        Clock::now() - LastWork(slot) > told_after) {
+      slot.stall_told = true;
+      report.stalls.push_back(
+          "thread " + std::to_string(w.index) + ": no WRITE has completed for " +
+          FormatSeconds(told_after) + ", " +
+          (owed > 0 ? std::to_string(owed) + " owed"
+                    : "none in flight though " + std::to_string(held) + " share" +
+                          (held == 1 ? " of a request waits" : "s of requests wait") +
+                          " to be written") +
+          "; since its last completion it went round " +
+          std::to_string(rounds - slot.rounds_at_completion) + " times and the provider refused " +
+          std::to_string(w.refused.load(std::memory_order_relaxed) - slot.refused_at_completion) +
+          " posts (-FI_EAGAIN)" + Whereabouts(slot));
     }
+    report.last_completion = std::max(
+        report.last_completion, Clock::time_point{Clock::duration(slot.last_completion.load())});
   }
+  return report;
 }
-// Hands a client's prepared WRITEs on a lane to the provider; each post it sends at once
-// rings the NIC's doorbell. A post the provider fails (not -FI_EAGAIN) fails that client alone;
-// one it refuses (-FI_EAGAIN) holds back that client's queue only.
-void Flush(Worker& w, PeerSlot& slot, size_t lane, bool in_poll) {
-  PendingWrites& queue = slot.pending[lane];
-  while (!queue.empty()) {
-    // <rung doorbell>
-    // --doorbell: in groups of the client's, FI_MORE on all but the last of each, so the
-    // provider can ring the NIC once per group. A group cut short by -FI_EAGAIN leaves WRITEs
-    // held back behind FI_MORE: the next post then goes without it and rings.
-    const size_t group =
-        slot.held_back[lane] ? 1 : std::min<size_t>(slot.peer->settings.doorbell, queue.size());
-    // </rung doorbell>
-    // <without doorbell> const size_t group = 1;
-    for (size_t i = 0; i < group; ++i) {
-      Op* op = queue.front();
-      const bool more = i + 1 < group;
-      bool posted = false;
-      try {
-        posted = w.lanes[lane].PostWrite(
-            *op, slot.dest[lane], slot.peer->regions[w.first_lane + lane], op->remote_offset,
-            op->share->request->transfer.request_id, more ? FI_MORE : 0);
-      } catch (const std::exception& e) {
-        slot.peer->Fail(std::string("a WRITE could not be posted: ") + e.what());
-        queue.pop_front();
-        CountWrite(op);
-        break;
-      }
-      if (!posted) {
-        Add(w.refused, 1);
-        // <rung doorbell>
-        if (i > 0) slot.held_back[lane] = 1;
-        // </rung doorbell>
-        return;
-      }
-      queue.pop_front();
-      op->rider = w.riders[lane];  // the chain so far: this one's completion vouches for it
-      w.riders[lane] = op->signaled ? nullptr : op;  // else the lane's next reported one will
-      ++slot.posts;
-      if (in_poll) ++slot.posted_in_poll;
-      if (!more || !w.lanes[lane].reads_more) ++slot.doorbells;  // a post sent at once
-      if (op->share->posted++ == 0) op->share->first_post = Clock::now();
-      if (!more) break;
-    }
-    slot.held_back[lane] = 0;
+std::string Peer::WaitingCosts() const {
+  if (!CompletesInOrder(*engine->plan.lanes[0])) return "";
+  return "; libfabric 1.17's shm completes a lane's WRITEs in order, so every client on its "
+         "lanes waits with it (README.md, \"Which provider keeps which promise\")";
+}
+// Its window leaves the lanes' promised commands: it has left, or is kept (Engine::held).
+void Peer::Uncommit() {
+  if (generation == engine->generation)
+    for (size_t l = 0; l < regions.size() && l < engine->committed.size(); ++l)
+      engine->committed[l] -= committed;
+  committed = 0;
+}
+// Its process as seen through any of its lanes: there on one is there.
+PeerProcess Peer::Process() const {
+  PeerProcess seen = PeerProcess::kUnknown;
+  for (size_t l = 0; l < addresses.size(); ++l) {
+    const PeerProcess state = SeePeerProcess(*engine->plan.lanes[l], addresses[l]);
+    if (state == PeerProcess::kRunning || state == PeerProcess::kStopped ||
+        state == PeerProcess::kConnected)
+      return state;
+    if (state == PeerProcess::kUnanswered || seen == PeerProcess::kUnknown) seen = state;
   }
+  return seen;
 }
-// Posts every eager (lazy == false) or every lazy client's prepared WRITEs on a lane, each
-// client in turn from the thread's next one.
-void FlushLane(Worker& w, size_t lane, [[maybe_unused]] bool lazy, bool in_poll) {
-  const size_t n = w.slots.size();
-  for (size_t k = 0; k < n; ++k) {
-    PeerSlot& slot = *w.slots[(w.next + k) % n];
-    if (slot.pending[lane].empty()) continue;
-    // <rung lazy>
-    if (slot.peer->On(wire::kEngineLazy) != lazy) continue;
-    // </rung lazy>
-    Flush(w, slot, lane, in_poll);
-  }
-}
-// Reads every lane's completions; a failed WRITE fails its client alone.
-size_t PollLanes(Worker& w) {
-  size_t done = 0;
-  for (size_t l = 0; l < w.lanes.size(); ++l) {
-    done += ReadCompletions(
-        w.lanes[l].cq.get(), false,
-        [](const fi_cq_data_entry& e, fi_addr_t) {
-          Op* op = OpOf(e.op_context);
-          op->share->slot->completed = true;
-          CountCompletion(op);
-        },
-        [&w](const CompletionError& e) {
-          if (Op* op = OpOf(e.op_context); op != nullptr && op->share != nullptr) {
-            op->share->slot->peer->Fail("a WRITE failed: " + e.text);
-            CountCompletion(op);
-            return;
-          }
-          for (PeerSlot* slot : w.slots) slot->peer->Fail("a completion failed: " + e.text);
-        });
-    // <rung lazy>
-    // --lazy: posts a lane's prepared WRITEs right after its completions made room in its
-    // queue (progress in the CQ poll).
-    FlushLane(w, l, true, true);
-    // </rung lazy>
-  }
-  return done;
-}
-// Prepares WRITEs of one client's shares, one share after another in turn, at most
-// its --batch per lane, and posts them as soon as a doorbell's worth of a lane is ready
-// (eager posting). Page i of a request always goes out on lane i % lanes.
-void PrepareFor(Worker& w, PeerSlot& slot) {
-  const wire::Engine& settings = slot.peer->settings;
-  // Byte-fair (deficit round robin): each visit adds the bytes of --batch WRITEs per lane of
-  // the thread's smallest pages in service to the client's credit, and a WRITE spends its
-  // page's bytes. Clients of equal pages prepare --batch each, as without it; a client of
-  // 1 MiB pages beside one of 64 KiB gets one WRITE for the other's sixteen: equal bytes.
-  const uint64_t quantum = settings.batch * slot.lanes_used * w.fair_page;
-  slot.credit += quantum;
-  const uint64_t byte_window = uint64_t{settings.window} * slot.lanes_used * w.fair_page;
-  bool window_full = false;
-  // <rung lazy>
-  const bool eager = !slot.peer->On(wire::kEngineLazy);  // --eager-post: lazy posting off
-  // </rung lazy>
-  // <without lazy> const bool eager = true;
-  // <without batch> const uint64_t batch = slot.lanes_used;  // one round: a WRITE a share
-  // <without batch> uint64_t budget = batch;
-  // <without batch> {
-  // <rung batch>
-  // --batch: round the shares again and again until --batch WRITEs per lane are prepared
-  // (or none is left to prepare), and only then poll: one visit, many WRITEs.
-  const uint64_t batch = settings.batch * slot.lanes_used;
-  uint64_t budget = batch;
-  bool prepared_any = true;
-  while (budget > 0 && prepared_any) {
-    prepared_any = false;
-    // </rung batch>
-    for (auto& share : slot.shares) {
-      if (share->prepared == share->total) continue;
-      const uint64_t page_size = share->request->transfer.page_size;
-      if (slot.credit < page_size) {  // its bytes for this visit are spent
-        budget = 0;
-        break;
+// Leaves the engine: each thread that serves it takes no new WRITE for it, waits for those in
+// flight to complete (or fail), and only then removes its AV entries, so that no fi_addr is
+// reused while an operation can still complete on it. Stuck when a thread has not let it go
+// within a few seconds (its WRITEs never complete): the entry is then never freed.
+service::Session::Leaving Peer::Leave() {
+  if (!leaving_since) {
+    leaving_since = Clock::now();
+    for (auto& slot : slots) {
+      // A slot its thread could not take (TakeInbox) has left already: handed over now, the
+      // thread would read it after this Peer is freed, and a newcomer's slot allocated at the
+      // same address would be the one it drops (a crowd's admitted client that got nothing).
+      if (slot->left.load(std::memory_order_acquire)) continue;
+      Worker& w = *slot->worker;
+      {
+        std::lock_guard lock(w.inbox_mutex);
+        w.leaving.push_back(slot.get());
+        w.has_inbox = true;
       }
-      // Its window in bytes too: --window WRITEs of the smallest pages in service, so that
-      // larger pages do not hold more of the provider's queue than the others'. But at least
-      // two of its own per lane where WRITEs complete out of order, so that one is on its way
-      // while the last one's completion comes back (one alone waits a round trip each: 4 MiB
-      // pages beside 64 KiB ones got 0.77 of their bytes over shm 2.6). Where a lane completes
-      // in order (1.17's shm), a share is its bytes in flight, and one page is its share.
-      const uint64_t least = (w.in_order ? 1 : 2) * slot.lanes_used * page_size;
-      if (slot.bytes_in_flight > 0 &&
-          slot.bytes_in_flight + page_size > std::max(byte_window, least)) {
-        window_full = true;
-        budget = 0;
-        break;
-      }
-      Op* op = TakeOp(slot);
-      if (op == nullptr) {
-        window_full = true;
-        budget = 0;
-        break;
-      }
-      slot.credit -= page_size;
-      slot.bytes_in_flight += page_size;
-      const Share::Page& page = share->pages[share->next_page];
-      if (++share->next_page == share->pages.size()) share->next_page = 0;
-      ++share->prepared;
-      const size_t lane = page.lane;
-      op->kind = OpKind::kWrite;
-      op->buffer = w.source_at[lane] + page.source;
-      op->length = page_size;
-      op->desc = w.source_desc[lane];
-      op->share = share.get();
-      op->remote_offset = page.target;
-      op->lane = lane;
-      slot.pending[lane].push_back(op);
-      if (eager && slot.pending[lane].size() >= settings.doorbell) Flush(w, slot, lane, false);
-      // <rung batch>
-      prepared_any = true;
-      // </rung batch>
-      if (--budget == 0) break;
+      w.inbox_ready.notify_all();
     }
   }
-  slot.most_prepared = std::max(slot.most_prepared, batch - budget);
-  // Credit is for bytes it could not send yet, not a hoard: none once it has nothing left to
-  // prepare, at most one visit's while its window is full.
-  if (window_full) slot.credit = std::min(slot.credit, quantum);
-  if (!window_full && budget > 0) slot.credit = 0;
-}
-// Every client in turn, from a different one each round: K clients of equal demand each get
-// about 1/K of the thread's WRITEs, each within its own window.
-void PostWrites(Worker& w) {
-  const size_t n = w.slots.size();
-  // The fair share's unit: the smallest page among the shares being served (PrepareFor).
-  uint64_t smallest = UINT64_MAX;
-  for (const PeerSlot* slot : w.slots)
-    if (!slot->leaving && !slot->shares.empty())
-      smallest = std::min(smallest, slot->shares.front()->request->transfer.page_size);
-  if (smallest != UINT64_MAX) w.fair_page = smallest;
-  for (size_t k = 0; k < n; ++k) {
-    PeerSlot& slot = *w.slots[(w.next + k) % n];
-    if (!slot.leaving) PrepareFor(w, slot);
+  if (std::all_of(slots.begin(), slots.end(), [](const auto& s) {
+        return s->left.load(std::memory_order_acquire) || s->worker->exited;
+      })) {
+    Uncommit();
+    return Leaving::kDone;
   }
-  // What eager clients prepared goes out now; a lazy client's, from the next poll.
-  for (size_t l = 0; l < w.lanes.size(); ++l) FlushLane(w, l, false, false);
-  if (n > 0) w.next = (w.next + 1) % n;
+  // A thread's loop takes <= 100 ms; one stuck in a provider call ends the program within
+  // kStuckSeconds (common/provider_watch.hpp).
+  const auto patience = std::chrono::duration<double>(kStuckSeconds + 1);
+  if (Clock::now() - *leaving_since < patience) return Leaving::kUnderway;
+  if (!stuck) {
+    ++engine->stuck_leaves;
+    Uncommit();  // counted in held from here
+    // What it leaves in the provider: its WRITEs in flight, striped over its lanes of each
+    // thread (its pending ones were dropped as it left); no lane holds more than its queue.
+    held_at.assign(engine->held.size(), 0);
+    for (const auto& slot : slots) {
+      const uint64_t n = slot->in_flight.load(std::memory_order_relaxed);
+      for (size_t i = 0; i < slot->lanes_used; ++i) {
+        const size_t l = slot->worker->first_lane + i;
+        const uint64_t room = engine->plan.lanes[l]->tx_attr->size - engine->held[l];
+        held_at[l] = std::min<uint64_t>((n + slot->lanes_used - 1) / slot->lanes_used, room);
+        engine->held[l] += held_at[l];
+      }
+    }
+  }
+  stuck = true;
+  return Leaving::kStuck;
 }
-// Shares whose WRITEs all completed are done; the last share of a request hands it back to
-// the service, with its times.
-void FinishShares(PeerSlot& slot, Clock::time_point now) {
-  Peer& peer = *slot.peer;
-  for (auto it = slot.shares.begin(); it != slot.shares.end();) {
-    Share& share = **it;
-    if (share.completed < share.total) {
-      ++it;
+// What each rung did for this client, as its threads counted it (those that let it go).
+struct Tally {
+  uint64_t writes = 0, bytes = 0, most_prepared = 0, posts = 0, doorbells = 0, in_poll = 0,
+           moves = 0, completions = 0;
+  std::string placement;
+  double cpu = 0;
+  size_t still = 0;  // threads that still hold WRITEs of its
+  double PerDoorbell() const { return doorbells ? double(posts) / double(doorbells) : 0.0; }
+  double PerCompletion() const { return completions ? double(posts) / double(completions) : 0.0; }
+  double InPoll() const { return posts ? 100.0 * double(in_poll) / double(posts) : 0.0; }
+};
+static Tally TallyOf(const Peer& peer) {
+  Tally t;
+  t.writes = peer.shared.writes;
+  t.bytes = peer.shared.bytes;
+  for (const auto& s : peer.slots) {
+    const PeerSlot& slot = *s;
+    t.placement += (t.placement.empty() ? "" : "; ") + slot.worker->placement;
+    t.writes += slot.writes.load(std::memory_order_relaxed);
+    t.bytes += slot.bytes.load(std::memory_order_relaxed);
+    if (!slot.left.load(std::memory_order_acquire)) {  // its other counters are its thread's still
+      ++t.still;
       continue;
     }
-    share.last_completion = now;  // its last completion came in this poll
-    Request& r = *share.request;
+    t.most_prepared = std::max(t.most_prepared, slot.most_prepared);
+    t.posts += slot.posts;
+    t.doorbells += slot.doorbells;
+    t.in_poll += slot.posted_in_poll;
+    t.completions += slot.completions;
+    t.moves += slot.worker->core_moves.load() - slot.moves_at_join;
+    t.cpu += std::max(0.0, slot.cpu_at_leave - slot.cpu_at_join);
+  }
+  return t;
+}
+void Peer::AddTotals(JsonRecord& record) const {
+  const Tally t = TallyOf(*this);
+  JsonRecord engine = JsonRecord::Object();
+  engine.Add("threads", uint64_t{slots.size()}).Add("placement", t.placement);
+  engine.Add("lock_acquisitions", uint64_t{shared.locks}).Add("most_prepared", t.most_prepared);
+  // Where the provider reads no FI_MORE, every WRITE is its own doorbell (the doorbell rung
+  // then saves none): scripts/journey says so from here.
+  const bool more =
+      !slots.empty() && !slots[0]->worker->lanes.empty() && slots[0]->worker->lanes[0].reads_more;
+  engine.AddBool("provider_reads_more", more);
+  engine.Add("writes_per_doorbell", t.PerDoorbell(), 2)
+      .Add("writes_per_completion", t.PerCompletion(), 2)
+      .Add("percent_posted_in_poll", t.InPoll(), 1)
+      .Add("core_moves", uint64_t{t.moves})
+      .Add("cpu_seconds", t.cpu, 3);
+  record.Add("writes", t.writes).Add("bytes", t.bytes).AddRaw("engine", engine.Text());
+}
+// The totals, and what each rung did for this client, as its threads counted it.
+std::string Peer::Totals() const {
+  const Tally t = TallyOf(*this);
+  char line[512];
+  std::snprintf(line, sizeof(line),
+                "%llu WRITEs, %llu bytes; engine: %s (%s), %llu lock acquisitions, "
+                "at most %llu WRITEs prepared per visit, %.2f WRITEs per doorbell, %.2f per "
+                "completion, %.0f%% posted from the CQ poll, %llu moves between cores",
+                static_cast<unsigned long long>(t.writes), static_cast<unsigned long long>(t.bytes),
+                Plural(slots.size(), "thread").c_str(), t.placement.c_str(),
+                static_cast<unsigned long long>(shared.locks),
+                static_cast<unsigned long long>(t.most_prepared), t.PerDoorbell(),
+                t.PerCompletion(), t.InPoll(), static_cast<unsigned long long>(t.moves));
+  std::string text = line;
+  // The threads serve every client: their CPU while this one was in the engine.
+  char cpu_text[128];
+  std::snprintf(cpu_text, sizeof(cpu_text), "; CPU: data threads %.3f s while it was connected",
+                t.cpu);
+  text += cpu_text;
+  if (std::any_of(slots.begin(), slots.end(), [](const auto& s) {
+        return s->left.load(std::memory_order_acquire) && s->entries_kept;
+      }))
+    text +=
+        "; its entries stay in the lanes' AVs: no WRITE reached it, and libfabric 1.x's shm "
+        "cannot remove a peer it never reached";
+  if (t.still > 0)  // a thread that has not let it go has not said what it did
+    text += " (and " + std::to_string(t.still) + " thread" + (t.still == 1 ? "" : "s") +
+            " still holding WRITEs of its in the provider)";
+  if (wire && !wire->empty()) {
+    uint64_t sent = 0;
+    const auto per_nic = wire->Bytes();
+    for (const auto& [nic, b] : per_nic) sent += b;
+    char wire_text[160];
+    std::snprintf(wire_text, sizeof(wire_text),
+                  "; NIC counters: %zu NIC%s sent %.1f MB on the wire while it was open",
+                  per_nic.size(), per_nic.size() == 1 ? "" : "s", static_cast<double>(sent) / 1e6);
+    text += wire_text;
+    if (resent && !resent->empty()) {  // SRD's retransmissions: a lossy or congested path
+      uint64_t again = 0;
+      for (const auto& [nic, b] : resent->Bytes()) again += b;
+      std::snprintf(wire_text, sizeof(wire_text), ", %.1f MB of them sent again (%.2f%%)",
+                    static_cast<double>(again) / 1e6,
+                    sent ? 100.0 * static_cast<double>(again) / static_cast<double>(sent) : 0.0);
+      text += wire_text;
+    }
+  }
+  return text;
+}
+
+// ---- The engine ----
+
+void Cores::Hold(const std::vector<unsigned>& cpus) {
+  held = cpus;
+  std::string why;
+  if (!BindThreadTo(ControlCpus(given, held), why))
+    std::printf("warning: the control thread stays where it was: %s\n", why.c_str());
+}
+Engine::Engine(const Options& options_in, const Plan& plan_in, const Topology& topology_in,
+               WaitMode wait_in, MemoryPath memory_in)
+    : options(options_in), plan(plan_in), topology(topology_in), wait(wait_in), memory(memory_in) {
+  cores.given = GivenCpus();  // before any thread pins itself
+  MakeSources();
+  Build(ShapeFor(EngineFromOptions(options), plan));
+}
+// The data set, made in a source buffer: in place in host memory (which touches every page:
+// resident, on the node the making thread is bound to), through a host chunk and a copy for
+// GPU memory (and its mirror, where the pages are staged).
+void MakeSourcePages(PageBuffer& memory) {
+  if (memory.path() == PageBuffer::Path::kHost) {
+    FillSource({static_cast<uint8_t*>(memory.nic_data()), memory.size()}, 0);
+    return;
+  }
+  HostBuffer chunk(std::min<size_t>(memory.size(), 64 << 20), Pages::kSmall);
+  for (size_t at = 0; at < memory.size(); at += chunk.size()) {
+    const size_t n = std::min(chunk.size(), memory.size() - at);
+    FillSource({chunk.data(), n}, at);
+    memory.Write(at, {chunk.data(), n});
+  }
+  memory.SyncToNic();
+}
+// The source pages, made once as the engine opens, before any client: a thread per group
+// with lanes, its allocations bound to the group's NUMA node, all groups at once.
+void Engine::MakeSources() {
+  const std::set<size_t> groups(plan.group_of.begin(), plan.group_of.end());
+  source_bytes = std::max<uint64_t>(options.server_memory / groups.size() / 4096 * 4096, 4096);
+  sources.resize(plan.groups.size());
+  std::vector<std::string> failures(plan.groups.size());
+  const auto began = Clock::now();
+  std::vector<std::thread> makers;
+  for (size_t g : groups)
+    makers.emplace_back([this, g, &failures] {
+      try {
+        const DeviceGroup& group = plan.groups[g];
+        std::string why;
+        if (IsThisSystem(topology) && !BindThreadMemory(topology, group.numa, why))
+          Diagnostic("source pages of group %zu: not bound to node %d: %s\n", g, group.numa,
+                     why.c_str());
+        // Mapped, not zeroed first: making the pages touches every one of them.
+        sources[g] = PageBuffer(source_bytes, memory, group.gpu.value_or(0), Pages::kHugeLazy);
+        MakeSourcePages(sources[g]);
+      } catch (const std::exception& e) {
+        failures[g] = e.what();
+      }
+    });
+  for (auto& t : makers) t.join();
+  for (const auto& why : failures)
+    if (!why.empty()) throw Error("the source pages could not be made: " + why);
+  std::printf("engine: source pages made before any request: %zu buffer%s of %.0f MiB in %s\n",
+              groups.size(), groups.size() == 1 ? "" : "s",
+              static_cast<double>(source_bytes) / (1 << 20),
+              FormatSeconds(Clock::now() - began).c_str());
+}
+// Stops the threads (a loop takes <= 100 ms); one that does not come back from the provider
+// within kStopSeconds is said and left to the process's exit, with its lanes open.
+constexpr int kStopSeconds = 3;
+// Returns whether every thread stopped (none of them touches a client any more).
+bool StopWorkers(std::vector<std::unique_ptr<Worker>>& workers) {
+  bool all = true;
+  for (auto& w : workers) {
+    w->stop = true;
     {
-      std::lock_guard lock(peer.mutex);
-      const auto ns = [](Clock::time_point t) {
-        return static_cast<uint64_t>(t.time_since_epoch().count());
-      };
-      r.done.first_post_ns = std::min(r.done.first_post_ns, ns(share.first_post));
-      r.done.last_completion_ns = std::max(r.done.last_completion_ns, ns(share.last_completion));
-      r.done.writes += share.completed;
-      if (--r.shares_left == 0 && !slot.leaving) peer.finished.push_back(r.done);
+      std::lock_guard lock(w->inbox_mutex);  // so no thread misses the wake-up
     }
-    it = slot.shares.erase(it);
-    slot.shares_held.store(slot.shares.size(), std::memory_order_relaxed);
+    w->inbox_ready.notify_all();
   }
-}
-// A leaving client goes once none of its WRITEs is in flight: its AV entries are removed only
-// then, so no fi_addr is reused while an operation can still complete on it; its slot (which
-// their completions name) lives until then.
-void Leave(Worker& w, PeerSlot& slot) {
-  FinishShares(slot, Clock::now());
-  if (slot.in_flight.load(std::memory_order_relaxed) > 0 || !slot.shares.empty()) return;
-  // A client no WRITE ever reached may be a process gone before it was inserted; where the
-  // provider cannot remove such a peer (RemoveNeedsMappedPeer) its entries stay, one each.
-  const bool keep = slot.completions == 0 && RemoveNeedsMappedPeer(*w.lanes[0].info);
-  for (size_t l = 0; l < slot.dest.size() && !keep; ++l) {
-    fi_addr_t dest = slot.dest[l];
-    fi_av_remove(w.lanes[l].av.get(), &dest, 1, 0);
-  }
-  slot.entries_kept = keep;
-  std::erase(w.slots, &slot);
-  w.next = 0;
-  slot.cpu_at_leave = ThreadCpuSeconds();
-  slot.left.store(true, std::memory_order_release);
-}
-// No WRITE completed for this long while some are owed: the lanes have stalled. A live lane
-// completes a WRITE every few microseconds, a 1 Gbit/s one a 64 KiB WRITE every 0.5 ms.
-constexpr auto kStalled = std::chrono::milliseconds(20);
-// One round: clients and shares taken, completions read, WRITEs posted, finished work handed
-// back. Returns the completions read.
-size_t Round(Worker& w) {
-  TakeInbox(w);
-  const size_t done = PollLanes(w);
-  PostWrites(w);
-  if (done > 0) {
-    const auto now = Clock::now();
-    const Clock::rep stamp = now.time_since_epoch().count();
-    for (PeerSlot* slot : w.slots) {
-      if (std::exchange(slot->completed, false)) {  // in this round's poll
-        slot->last_completion.store(stamp, std::memory_order_relaxed);
-        slot->last_work.store(stamp, std::memory_order_relaxed);
-      }
-      FinishShares(*slot, now);
+  const auto deadline = Clock::now() + std::chrono::seconds(kStopSeconds);
+  for (auto& w : workers) {
+    while (!w->exited && Clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    if (w->exited) {
+      if (w->thread.joinable()) w->thread.join();
+    } else {
+      std::printf(
+          "engine: data thread %zu did not stop within %d s (it is %s): its lanes stay "
+          "open until the process ends\n",
+          w->index, kStopSeconds, WhereIs(w->tid).c_str());
+      w->thread.detach();
+      (void)w.release();  // its thread still uses it
+      all = false;
     }
   }
-  for (size_t i = w.slots.size(); i-- > 0;)
-    if (w.slots[i]->leaving) Leave(w, *w.slots[i]);
-  return done;
+  workers.clear();
+  return all;
 }
-// A data thread: set up where it belongs, then serve every client until told to stop.
-void RunWorker(Worker& w) {
-  const Engine& e = *w.engine;
-  w.tid = gettid();
-  // Named for top -H, perf and the tests ("07 data" and its first lane; 15 characters at most).
-  pthread_setname_np(pthread_self(), ("07 data " + std::to_string(w.first_lane)).c_str());
-  try {
+Engine::~Engine() {
+  StopWorkers(workers);
+}
+bool Engine::On(uint32_t flag) const {
+  return FlagsOf(shape) & flag;
+}
+// The lanes, dealt to the threads in contiguous blocks (the topology's groups when there is a
+// thread per group); each thread on a core of its group, no two on one core while the group
+// has cores left among those this server was given (taskset, Slurm, a cpuset).
+void Engine::Build(const Shape& wanted) {
+  stopped_clean = StopWorkers(workers);
+  cores.claims.Release();
+  owner.clear();
+  held.assign(plan.lanes.size(), 0);  // the old lanes, and what their provider kept, are gone
+  committed.assign(plan.lanes.size(), 0);
+  stuck_leaves = 0;
+  ++generation;
+  shape = wanted;
+  const size_t lanes = plan.lanes.size(), threads = shape.threads;
+  const bool here = IsThisSystem(topology);  // not a rehearsal (--topology)
+  std::set<unsigned> taken;
+  std::vector<unsigned> pinned;
+  for (size_t t = 0; t < threads; ++t) {
+    auto w = std::make_unique<Worker>();
+    w->engine = this;
+    w->index = t;
+    // <rung threads>
+    w->first_lane = t * lanes / threads;  // thread t: the t-th contiguous block of lanes
+    w->lane_count = (t + 1) * lanes / threads - w->first_lane;
+    // </rung threads>
+    // <without threads> w->lane_count = lanes;  // the one thread: every lane
+    w->group = &plan.groups[plan.group_of[w->first_lane]];
+    const std::vector<unsigned> cpus =
+        here ? CpusWithin(w->group->cpus, cores.given) : w->group->cpus;
     // <rung pin>
-    if (e.shape.pin) PinToGroupCore(w);
+    if (here && shape.pin) w->cpu = cores.claims.Take(cpus);  // a core no other process holds
     // </rung pin>
-    // <rung numa>
-    if (e.shape.numa) BindToGroupMemory(w);
-    // </rung numa>
-    OpenLanes(w);
-    w.ready = true;
-    auto last_work = Clock::now();
-    IdleBackoff backoff;  // --wait spin: an idle round naps, so that it never takes a core
-    while (!w.stop) {
-      Add(w.rounds, 1);
-      if (const int core = sched_getcpu(); core != w.last_core) {
-        if (w.last_core >= 0) Add(w.core_moves, 1);
-        w.last_core = core;
-      }
-      const size_t done = Round(w);
-      if (done > 0) {
-        last_work = Clock::now();
-        backoff.Busy();
-      }
-      const bool owed = std::any_of(w.slots.begin(), w.slots.end(),
-                                    [](const PeerSlot* s) { return !s->shares.empty(); });
-      if (!owed) {  // nothing to do: sleep until the control thread hands something over
-        std::unique_lock lock(w.inbox_mutex);
-        w.inbox_ready.wait_for(lock, std::chrono::milliseconds(100),
-                               [&] { return w.has_inbox.load() || w.stop.load(); });
-      } else if (done == 0 && e.wait == WaitMode::kBlock && !w.has_inbox &&
-                 std::all_of(w.slots.begin(), w.slots.end(), [](const PeerSlot* s) {
-                   return std::all_of(s->pending.begin(), s->pending.end(),
-                                      [](const auto& queue) { return queue.empty(); });
-                 })) {
-        WaitForCompletions(w.lanes, 100);  // nothing prepared waits to be posted
-      } else if (done == 0 && Clock::now() - last_work > kStalled) {
-        // Owed completions that stopped coming (a client that died: shm never completes a
-        // WRITE to it): nap instead of spinning a core away until --peer-timeout drops it.
-        std::this_thread::sleep_for(std::chrono::milliseconds(1));
-      } else if (done == 0) {
-        backoff.Idle();
-      }
-    }
-  } catch (const std::exception& ex) {
-    w.failure = ex.what();
+    for (unsigned c : cpus)
+      if (!w->cpu && !taken.count(c)) w->cpu = c;
+    if (!w->cpu && !cpus.empty()) w->cpu = cpus[t % cpus.size()];  // more threads than cores
+    if (w->cpu) taken.insert(*w->cpu);
+    // <rung pin>
+    if (here && shape.pin && w->cpu) pinned.push_back(*w->cpu);
+    // </rung pin>
+    for (size_t l = 0; l < w->lane_count; ++l) owner.push_back(t);
+    workers.push_back(std::move(w));
   }
-  w.exited = true;
+  // New threads take this thread's cores: every given one, not those it kept to before.
+  std::string why;
+  if (!BindThreadTo(cores.given, why))
+    std::printf("warning: the data threads start where the control thread was: %s\n", why.c_str());
+  for (auto& w : workers) w->thread = std::thread(RunWorker, std::ref(*w));
+  // Opening lanes is this host's own work, not a peer's answer, so --timeout does not bound
+  // it (libfabric 2.x's rxm zeroes its buffer pools in fi_endpoint): a minute, for a provider
+  // stuck in an open call.
+  const double open_s = std::max(options.timeout_s, 60.0);
+  const auto deadline = Clock::now() + std::chrono::duration<double>(open_s);
+  auto opened = [&] {
+    return std::all_of(workers.begin(), workers.end(),
+                       [](const auto& w) { return w->ready.load() || w->exited.load(); });
+  };
+  while (!opened() && Clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  for (auto& w : workers)
+    if (w->exited) throw Error("a data thread could not open its lanes: " + w->failure);
+  if (!opened())
+    throw Error("the data threads' lanes did not open within " +
+                std::to_string(static_cast<int>(open_s)) + " s");
+  cores.Hold(pinned);  // this (service) thread moves off the cores they hold
 }
+// A CONNECT: the client's entry in the lanes it has. An engine rung it asks for that the
+// engine does not have is built for it when no other client is connected (--ladder's rungs,
+// one client after another); otherwise it is served by the engine as it is, and told so.
+std::unique_ptr<service::Session> Engine::Open(const wire::Connect& connect) {
+  // The client expects each lane's WRITEs on that lane: a lane the server lacks would never
+  // be written, so a client with more lanes than the server is refused, not half served.
+  if (connect.lanes.size() > plan.lanes.size())
+    throw Error("the client has " + std::to_string(connect.lanes.size()) + " lanes, this server " +
+                std::to_string(plan.lanes.size()) + " (start both with the same --nics)");
+  const size_t used = connect.lanes.size();
+  wire::Engine settings = connect.engine;
+  if (settings.window == 0) settings.window = static_cast<uint32_t>(options.window);
+  const size_t tx = plan.lanes[0]->tx_attr->size;
+  if (settings.window > tx || settings.doorbell > settings.window)
+    throw Error("window " + std::to_string(settings.window) + " and doorbell " +
+                std::to_string(settings.doorbell) + " must fit the provider's queue of " +
+                std::to_string(tx) + " (doorbell <= window <= " + std::to_string(tx) + ")");
+  const Shape wanted = ShapeFor(settings, plan);
+  std::string asked;
+  if (!(wanted == shape)) {
+    if (peers == 0) {
+      const auto began = Clock::now();
+      Build(wanted);
+      std::printf("engine rebuilt for the next client: %s; %s\n", DescribeShape(shape).c_str(),
+                  FormatSeconds(Clock::now() - began).c_str());
+    } else {
+      asked = "; it asked for " + DescribeShape(wanted) + ", which waits until no client is on";
+    }
+  }
+  // Where a WRITE to a client killed mid-transfer keeps its command for good
+  // (HoldsCommandUntilAnswered), a newcomer is taken only if its window fits beside every
+  // connected client's whole window and what the gone ones hold: then no death to come can
+  // leave a live client without a command to post (a dead client holds at most its window).
+  // Else busy, until the clients connected now are done and the lanes are reopened (Reclaim),
+  // which gives the held commands back. Elsewhere back-pressure shares the queue (below).
+  for (size_t l = 0; l < used; ++l) {
+    const uint64_t queue = plan.lanes[l]->tx_attr->size;
+    if (!HoldsCommandUntilAnswered(*plan.lanes[l]) ||
+        held[l] + committed[l] + settings.window <= queue)
+      continue;
+    throw Busy("lane " + std::to_string(l) + "'s " + std::to_string(queue) + " WRITE commands: " +
+               std::to_string(committed[l]) + " promised to the clients connected" +
+               (held[l] > 0 ? ", " + std::to_string(held[l]) +
+                                  " held by clients gone mid-transfer (shm keeps those until "
+                                  "the clients connected now are done and the lane is reopened)"
+                            : " (shm keeps a killed client's for good: none is promised twice)"));
+  }
+  // A crowd: clients take turns in a lane's queue (back-pressure), each visit of the data
+  // thread posting what the queue has room for. Past kQueueTurns queues' worth of windows a
+  // newcomer would wait more turns than that for its first WRITE while every client is slowed,
+  // so it is told busy now instead (its own exit code; it may try again).
+  for (size_t l = 0; l < used; ++l)
+    if (committed[l] + settings.window > kQueueTurns * plan.lanes[l]->tx_attr->size)
+      throw Busy("lane " + std::to_string(l) + " serves windows of " +
+                 std::to_string(committed[l]) + " WRITEs, " + std::to_string(kQueueTurns) +
+                 " times its queue of " + std::to_string(plan.lanes[l]->tx_attr->size));
+  for (size_t l = 0; l < used; ++l) committed[l] += settings.window;
+  auto p = std::make_unique<Peer>();
+  p->engine = this;
+  p->generation = generation;
+  p->committed = settings.window;
+  ++peers;  // from here its destructor counts it out
+  p->asked = asked;
+  p->settings = settings;
+  p->settings.flags = FlagsOf(shape) | (settings.flags & wire::kEngineLazy);
+  p->settings.threads = static_cast<uint32_t>(shape.threads);
+  for (size_t l = 0; l < used; ++l) {
+    p->addresses.push_back(connect.lanes[l].address);
+    p->regions.push_back(connect.lanes[l].region);
+  }
+  // --no-shard: one window for all its threads.
+  p->shared.ops.resize(settings.window * used);
+  for (auto& op : p->shared.ops) p->shared.free_ops.push_back(&op);
+  for (auto& w : workers) {
+    if (w->first_lane >= used) break;
+    auto slot = std::make_unique<PeerSlot>();
+    slot->peer = p.get();
+    slot->worker = w.get();
+    slot->lanes_used = std::min(w->lane_count, used - w->first_lane);
+    slot->pending.resize(w->lane_count);
+    for (auto& queue : slot->pending) queue.Reserve(settings.window * slot->lanes_used);
+    slot->held_back.assign(w->lane_count, 0);
+    // <rung shard>
+    if (shape.shard) {  // its window on this thread's lanes, the thread's alone
+      slot->ops.resize(settings.window * slot->lanes_used);
+      for (auto& op : slot->ops) slot->free_ops.push_back(&op);
+    }
+    // </rung shard>
+    for (size_t l = 0; l < slot->lanes_used; ++l) p->at_lane.push_back(slot.get());
+    p->slots.push_back(std::move(slot));
+  }
+  // Its entries go into the AVs by the threads that own the lanes (FI_THREAD_DOMAIN: one
+  // thread at a time uses a domain).
+  for (auto& slot : p->slots) {
+    Worker& w = *slot->worker;
+    {
+      std::lock_guard lock(w.inbox_mutex);
+      w.joining.push_back(slot.get());
+      w.has_inbox = true;
+    }
+    w.inbox_ready.notify_all();
+  }
+  const auto deadline = Clock::now() + std::chrono::seconds(10);
+  auto joined = [&] {
+    return std::all_of(p->slots.begin(), p->slots.end(),
+                       [](const auto& s) { return s->joined.load(std::memory_order_acquire); });
+  };
+  while (!joined() && Clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  std::string why;
+  {
+    std::lock_guard lock(p->mutex);
+    why = p->failure;
+  }
+  if (why.empty() && !joined()) why = "the data threads did not take it within 10 s";
+  if (!why.empty()) {
+    using Leaving = service::Session::Leaving;
+    Leaving state;  // it has no WRITE yet: its threads let it go within a round
+    while ((state = p->Leave()) == Leaving::kUnderway)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    if (state == Leaving::kStuck) (void)p.release();  // a thread still holds it: never freed
+    throw Error(why);
+  }
+  std::vector<std::string> domains;
+  for (size_t l = 0; l < used; ++l) domains.push_back(plan.lanes[l]->domain_attr->name);
+  p->wire = std::make_unique<WireBytes>(domains, WireDirection::kSent);
+  p->wire->Start();
+  p->resent = std::make_unique<WireBytes>(domains, WireDirection::kRetransmitted);
+  p->resent->Start();
+  return p;
+}
+// Once a round: a thread that has not gone round for kWedgedSeconds is stuck inside a
+// provider call, and the engine cannot go on without it. The bound is no client's silence
+// (--peer-timeout): a loaded host delays a round by milliseconds, never by this much, and
+// shm's known spins are ended sooner by the watchdog (common/provider_watch.hpp). Slow is not
+// stuck: time this (control) thread did not run (the server stopped by Ctrl-Z or a debugger,
+// or starved) is not counted, and a thread stuck is one that spun (it used CPU for at least
+// half that time) or sleeps in the kernel; one that is runnable and kept waiting for a core
+// is slow.
+constexpr double kWedgedSeconds = kSlowCallSeconds;
+service::Engine::Report Engine::Watch() {
+  Report report;
+  const auto limit = std::chrono::duration<double>(kWedgedSeconds);
+  const auto now = Clock::now();
+  if (const auto gap = now - watched_at; gap > std::chrono::seconds(1))
+    for (auto& w : workers) w->seen_at += gap;
+  watched_at = now;
+  for (auto& wp : workers) {
+    Worker& w = *wp;
+    const uint64_t rounds = w.rounds.load(std::memory_order_relaxed);
+    if (rounds != w.rounds_seen) {
+      w.rounds_seen = rounds;
+      w.seen_at = now;
+      w.cpu_at_seen = CpuSecondsOf(w.thread);
+    }
+    if (w.exited) {
+      if (report.fatal.empty())
+        report.fatal = "data thread " + std::to_string(w.index) + " ended: " + w.failure;
+      continue;
+    }
+    const auto still = now - w.seen_at;
+    if (!report.fatal.empty() || still <= limit) continue;
+    const double cpu = CpuSecondsOf(w.thread);
+    const double spent = cpu >= 0 && w.cpu_at_seen >= 0 ? cpu - w.cpu_at_seen : -1;
+    const char state = ThreadState(w.tid);
+    if (spent >= 0 && spent < 0.5 * kWedgedSeconds && state == 'R') continue;  // kept waiting
+    report.fatal = "data thread " + std::to_string(w.index) + " has been stuck in the " +
+                   "provider for " + FormatSeconds(still) +
+                   (spent >= 0 ? ", using " +
+                                     FormatSeconds(std::chrono::duration_cast<Clock::duration>(
+                                         std::chrono::duration<double>(spent))) +
+                                     " of CPU"
+                               : std::string()) +
+                   "; it is now " + WhereIs(w.tid);
+  }
+  // After a thread stuck in the provider (above), which may be why the leave stuck.
+  if (report.fatal.empty() && stuck_leaves > 0 && CompletesInOrder(*plan.lanes[0]))
+    report.fatal =
+        "a client left WRITEs in flight that never complete, and libfabric 1.17's shm "
+        "completes a lane's WRITEs in order: none would complete again (README.md, "
+        "\"Which provider keeps which promise\")";
+  // Where every command of a lane is held, the clients still on it can post nothing, and the
+  // lanes cannot be reopened under them (Reclaim waits for no client to be connected).
+  for (size_t l = 0; l < held.size() && report.fatal.empty(); ++l) {
+    const uint64_t queue = plan.lanes[l]->tx_attr->size;
+    if (!HoldsCommandUntilAnswered(*plan.lanes[l]) || held[l] < queue || peers == stuck_leaves)
+      continue;
+    report.fatal = "clients killed mid-transfer hold all " + std::to_string(queue) +
+                   " WRITE commands of lane " + std::to_string(l) +
+                   ", and the clients connected now can post none (README.md, \"Which provider "
+                   "keeps which promise\")";
+  }
+  return report;
+}
+// Sessions kept with no client connected: reopening the lanes (a Build of the same shape)
+// takes back what the provider held for them: the WRITE commands shm from 1.18 keeps until a
+// peer answers, and whatever tcp keeps for a peer that never answered. Not where 1.17's shm
+// completes in order (Watch ends the server at the first kept session there).
+bool Engine::Reclaim() {
+  if (stuck_leaves == 0 || peers != stuck_leaves || CompletesInOrder(*plan.lanes[0])) return false;
+  const size_t kept = stuck_leaves;
+  uint64_t commands = 0;
+  for (uint64_t h : held) commands += h;
+  const auto began = Clock::now();
+  Build(shape);
+  if (!stopped_clean) return false;  // a thread that did not stop may touch them still
+  std::printf(
+      "engine: lanes reopened to take back what %zu client%s gone mid-transfer left in "
+      "the provider (%llu WRITEs); %s\n",
+      kept, kept == 1 ? "" : "s", static_cast<unsigned long long>(commands),
+      FormatSeconds(Clock::now() - began).c_str());
+  return true;
+}
+
 }  // namespace p5

@@ -1,9 +1,11 @@
 // 07_full_p5's parts, shared by its files (README.md, "The files"):
-//   main.cpp     the network, as in 06: lanes on every NIC of every group; the two programs
-//   engine.cpp   a data thread and the ladder's rungs: what makes it fast
-//   session.cpp  a client's session on the server: its threads, lanes and source memory
-//   client.cpp   the client: receiving threads, warmup, the requests, --ladder
-//   service.cpp  the service: the control endpoint on the front desk, sessions, liveness
+//   main.cpp         the network, as in 06: lanes on every NIC of every group; the programs
+//   data_thread.cpp  a data thread and the ladder's rungs: what makes it fast
+//   engine.cpp       the engine (its lanes, source memory and data threads, opened once) and
+//                    a client in it (Peer): added for its CONNECT, fed, removed when it goes
+//   client.cpp       the client: receiving threads, warmup, the requests, --ladder
+//   service.cpp      the service: the control endpoint on the front desk, sessions, liveness
+//   check.cpp        --check: this host's readiness, a line per check with its fix
 #pragma once
 
 #include <rdma/fabric.h>
@@ -373,10 +375,10 @@ struct Cores {
   CoreClaims claims;  // the pinned threads' cores, held for this host (common/topology.hpp)
   void Hold(const std::vector<unsigned>& cpus);
 };
-// The data thread (engine.cpp).
+// The data thread (data_thread.cpp).
 void RunWorker(Worker& w);
 
-// The engine: its lanes, source memory and data threads, opened once (session.cpp), and the
+// The engine: its lanes, source memory and data threads, opened once (engine.cpp), and the
 // clients it serves, each an entry in its lanes' AVs with its own region, keys and window.
 struct Engine : service::Engine {
   Engine(const Options& options, const Plan& plan, const Topology& topology, WaitMode wait,

@@ -5,7 +5,7 @@
 // keeps each client's session in the engine to its limits (--max-requests, and
 // --client-memory through the engine), answers every request with DONE or ERROR, notices a
 // client whose WRITEs stop, and never lets one client hold up another. The engine
-// (session.cpp) adds, feeds and removes a client through the two interfaces below.
+// (engine.cpp) adds, feeds and removes a client through the two interfaces below.
 #pragma once
 
 #include <rdma/fabric.h>
