@@ -62,7 +62,7 @@ void OpenLanes(Worker& w) {
     w.source_desc.push_back(fi_mr_desc(w.source_mrs.back().get()));
   }
   w.riders.assign(w.lane_count, nullptr);
-  w.in_order = CompletesInOrder(*w.lanes[0].info);
+  w.in_order = Has(Quirk::kCompletesInOrder, *w.lanes[0].info);
   if (IsThisSystem(e.topology))
     w.placement = DescribePlacement(e.topology);
   else  // a rehearsal (--topology): where it would run there
@@ -404,8 +404,8 @@ void Leave(Worker& w, PeerSlot& slot) {
   FinishShares(slot, Clock::now());
   if (slot.in_flight.load(std::memory_order_relaxed) > 0 || !slot.shares.empty()) return;
   // A client no WRITE ever reached may be a process gone before it was inserted; where the
-  // provider cannot remove such a peer (RemoveNeedsMappedPeer) its entries stay, one each.
-  const bool keep = slot.completions == 0 && RemoveNeedsMappedPeer(*w.lanes[0].info);
+  // provider cannot remove such a peer (Quirk::kRemoveNeedsMappedPeer) its entries stay, one each.
+  const bool keep = slot.completions == 0 && Has(Quirk::kRemoveNeedsMappedPeer, *w.lanes[0].info);
   for (size_t l = 0; l < slot.dest.size() && !keep; ++l) {
     fi_addr_t dest = slot.dest[l];
     fi_av_remove(w.lanes[l].av.get(), &dest, 1, 0);

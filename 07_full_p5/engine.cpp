@@ -211,7 +211,7 @@ service::Session::Report Peer::Poll() {
   return report;
 }
 std::string Peer::WaitingCosts() const {
-  if (!CompletesInOrder(*engine->plan.lanes[0])) return "";
+  if (!Has(Quirk::kCompletesInOrder, *engine->plan.lanes[0])) return "";
   return "; libfabric 1.17's shm completes a lane's WRITEs in order, so every client on its "
          "lanes waits with it (README.md, \"Which provider keeps which promise\")";
 }
@@ -579,14 +579,14 @@ std::unique_ptr<service::Session> Engine::Open(const wire::Connect& connect) {
     }
   }
   // Where a WRITE to a client killed mid-transfer keeps its command for good
-  // (HoldsCommandUntilAnswered), a newcomer is taken only if its window fits beside every
+  // (Quirk::kHoldsCommandUntilAnswered), a newcomer is taken only if its window fits beside every
   // connected client's whole window and what the gone ones hold: then no death to come can
   // leave a live client without a command to post (a dead client holds at most its window).
   // Else busy, until the clients connected now are done and the lanes are reopened (Reclaim),
   // which gives the held commands back. Elsewhere back-pressure shares the queue (below).
   for (size_t l = 0; l < used; ++l) {
     const uint64_t queue = plan.lanes[l]->tx_attr->size;
-    if (!HoldsCommandUntilAnswered(*plan.lanes[l]) ||
+    if (!Has(Quirk::kHoldsCommandUntilAnswered, *plan.lanes[l]) ||
         held[l] + committed[l] + settings.window <= queue)
       continue;
     throw Busy("lane " + std::to_string(l) + "'s " + std::to_string(queue) + " WRITE commands: " +
@@ -725,7 +725,7 @@ service::Engine::Report Engine::Watch() {
                    "; it is now " + WhereIs(w.tid);
   }
   // After a thread stuck in the provider (above), which may be why the leave stuck.
-  if (report.fatal.empty() && stuck_leaves > 0 && CompletesInOrder(*plan.lanes[0]))
+  if (report.fatal.empty() && stuck_leaves > 0 && Has(Quirk::kCompletesInOrder, *plan.lanes[0]))
     report.fatal =
         "a client left WRITEs in flight that never complete, and libfabric 1.17's shm "
         "completes a lane's WRITEs in order: none would complete again (README.md, "
@@ -734,7 +734,8 @@ service::Engine::Report Engine::Watch() {
   // lanes cannot be reopened under them (Reclaim waits for no client to be connected).
   for (size_t l = 0; l < held.size() && report.fatal.empty(); ++l) {
     const uint64_t queue = plan.lanes[l]->tx_attr->size;
-    if (!HoldsCommandUntilAnswered(*plan.lanes[l]) || held[l] < queue || peers == stuck_leaves)
+    if (!Has(Quirk::kHoldsCommandUntilAnswered, *plan.lanes[l]) || held[l] < queue ||
+        peers == stuck_leaves)
       continue;
     report.fatal = "clients killed mid-transfer hold all " + std::to_string(queue) +
                    " WRITE commands of lane " + std::to_string(l) +
@@ -748,7 +749,8 @@ service::Engine::Report Engine::Watch() {
 // peer answers, and whatever tcp keeps for a peer that never answered. Not where 1.17's shm
 // completes in order (Watch ends the server at the first kept session there).
 bool Engine::Reclaim() {
-  if (stuck_leaves == 0 || peers != stuck_leaves || CompletesInOrder(*plan.lanes[0])) return false;
+  if (stuck_leaves == 0 || peers != stuck_leaves || Has(Quirk::kCompletesInOrder, *plan.lanes[0]))
+    return false;
   const size_t kept = stuck_leaves;
   uint64_t commands = 0;
   for (uint64_t h : held) commands += h;

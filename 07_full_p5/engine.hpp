@@ -37,6 +37,7 @@
 #include "page_buffer.hpp"
 #include "preflight.hpp"
 #include "protocol.hpp"
+#include "provider_quirks.hpp"
 #include "registration.hpp"
 #include "report.hpp"
 #include "service.hpp"
@@ -135,7 +136,8 @@ class Network : public Endpoint {
   // Only the last WRITE of a doorbell's group reports its completion, and vouches for the
   // WRITEs before it that were copied out at once (WriteCompletion).
   bool selective = false;
-  // The provider reads FI_MORE (ReadsMore): a WRITE posted with it waits for the next doorbell.
+  // The provider reads FI_MORE (Quirk::kReadsMore): a WRITE posted with it waits for the next
+  // doorbell.
   bool reads_more = false;
 };
 // The lanes: every group's NICs, group after group, and which group each lane belongs to.
@@ -151,13 +153,6 @@ FiInfoPtr EngineHints(const Options& options, MemoryKind memory);
 Plan FindNics(const Options& options, std::span<const uint8_t> peer, MemoryKind memory,
               std::string* no_hmem, bool print);
 FiInfoPtr DataLane(const fi_info& nic);
-// Whether the provider completes a lane's WRITEs strictly in order, so that one that never
-// completes (to a killed client) holds back every later one on that lane (main.cpp).
-bool CompletesInOrder(const fi_info& nic);
-// Whether each WRITE holds one of its endpoint's tx_attr->size commands until its target
-// answers, so that the WRITEs of a killed client hold theirs for good (main.cpp).
-bool HoldsCommandUntilAnswered(const fi_info& nic);
-bool RemoveNeedsMappedPeer(const fi_info& nic);
 // The entries of a receiving lane's CQ. Each WRITE carries immediate data, so it lands as one
 // completion there. Where the device receives such WRITEs unsolicited (efa-direct is offered
 // for RMA only then, since 07 asks no FI_RX_CQ_DATA: fi_efa(7), FI_OPT_EFA_USE_UNSOLICITED_
@@ -171,7 +166,8 @@ inline size_t ReceiverCqEntries(size_t window) {
 }
 WaitMode ChooseWaitMode(WaitMode requested, const fi_info& nic);
 // When a WRITE counts as complete at the writer: FI_DELIVERY_COMPLETE where the provider's
-// own completion would come before the target has the data (main.cpp), else 0 (its default).
+// own completion would come before the target has the data (Quirk::kCompletesBeforeDelivery),
+// else 0 (its default).
 uint64_t WriteCompletion(const fi_info& nic);
 // Whether a writer's data lane reports one completion per doorbell's group instead of one per
 // WRITE (FI_SELECTIVE_COMPLETION): where WriteCompletion asks for delivery, for pages in host
@@ -250,7 +246,7 @@ struct Worker {
   // The clients it serves, in turn from `next` (PostWrites).
   std::vector<PeerSlot*> slots;
   size_t next = 0;
-  bool in_order = false;   // its lanes complete WRITEs in order (CompletesInOrder)
+  bool in_order = false;   // its lanes complete WRITEs in order (Quirk::kCompletesInOrder)
   uint64_t fair_page = 1;  // bytes: the smallest page in service, the unit of each visit's credit
   // Engine-wide counters (a client's own are in its PeerSlot): written by the thread only,
   // read by the control thread.
@@ -308,7 +304,7 @@ struct PeerSlot {
   std::atomic<uint64_t> writes{0}, bytes{0};
   // What each rung does, counted, so that a switch that changed nothing shows (README.md).
   uint64_t most_prepared = 0, posts = 0, doorbells = 0, posted_in_poll = 0, completions = 0;
-  bool entries_kept = false;  // Leave: its AV entries stay (RemoveNeedsMappedPeer)
+  bool entries_kept = false;  // Leave: its AV entries stay (Quirk::kRemoveNeedsMappedPeer)
   // WRITEs of this client's taken from the window and not yet completed; shares of its
   // requests the thread holds unfinished; its last completion or new share (Peer::Poll).
   std::atomic<uint64_t> in_flight{0};

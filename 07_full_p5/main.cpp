@@ -141,29 +141,6 @@ FiInfoPtr DataLane(const fi_info& nic) {
   info->rx_attr->caps &= ~FI_SOURCE;
   return info;
 }
-// libfabric 1.17's shm reads its endpoint's WRITE responses in order and stops at the first
-// still pending: a WRITE to a killed client's region is never answered, and no later WRITE
-// of that endpoint completes, whoever it went to (measured: a second client, alive, got none
-// of its WRITEs' completions after the first was killed). From 1.18 on they complete as they
-// come, and only the dead client's stay pending.
-bool CompletesInOrder(const fi_info& nic) {
-  return std::string(nic.fabric_attr->prov_name) == "shm" && fi_version() < FI_VERSION(1, 18);
-}
-// shm from 1.18, where WRITEs ask for FI_DELIVERY_COMPLETE (WriteCompletion), takes one of
-// the endpoint's tx_attr->size commands per WRITE and gets it back when the target answers
-// (2.6 smr_generic_rma, SMR_RETURN_CMD): a WRITE to a killed client keeps its command for good.
-// Measured (2.6, -W 64, 1024 commands): the 16th client killed mid-transfer left the lane none,
-// and every later client's WRITEs on it waited for ever.
-bool HoldsCommandUntilAnswered(const fi_info& nic) {
-  return std::string(nic.fabric_attr->prov_name) == "shm" && WriteCompletion(nic) != 0;
-}
-// libfabric 1.x's shm maps a peer's region when it is inserted, and fi_av_remove unmaps it
-// without checking that it was mapped: removing a peer whose process had gone before it was
-// inserted (its region file unlinked) dereferences NULL (found: a CONNECT naming the lane of a
-// client that had just left; 2.6 checks, prov/shm/src/smr_av.c, smr_unmap_region).
-bool RemoveNeedsMappedPeer(const fi_info& nic) {
-  return std::string(nic.fabric_attr->prov_name) == "shm" && FI_MAJOR(fi_version()) < 2;
-}
 // Measured on the mini-cluster (README.md): over tcp, sleeping in the CQ's wait fd leaves
 // the CPUs to the kernel's TCP stack, which carries the data, and wins; shm has no wait fd,
 // and RDMA NICs are polled.
@@ -173,35 +150,18 @@ WaitMode ChooseWaitMode(WaitMode requested, const fi_info& nic) {
   return provider.rfind("tcp", 0) == 0 ? WaitMode::kBlock : WaitMode::kSpin;
 }
 // The window (-W) bounds what a lane has in flight only if a WRITE completes once the target
-// has it. shm copies a WRITE of up to 4 KiB into a buffer of the writer's and completes it at
-// once, before the target has seen it. Up to 1.17 that was harmless: the target's progress
-// held its queue's lock, so one poll took only what was queued. From 1.18 the queue takes
-// commands without a lock, and one progress call of the target's goes on as long as the
-// writer keeps the queue from emptying. Past the CQ's size every further completion is
-// allocated (util_cq's overflow list), and stays so until the reader catches up, which then
-// it no longer does. Measured on 2 cores (2.6, one lane, 4 KiB pages, 5 runs each,
-// alternated): 0.92-3.83 M WRITEs/s, bimodal, without it; 3.15-3.24 with it. It would cost
-// 1.17's shm a third (1.40-1.50 against 0.90-0.96) and tcp;ofi_rxm a third (a reply per
-// WRITE), so only shm from 1.18 on asks for it; the others keep their default. And only the
-// last WRITE of a doorbell's group asks for a completion at all (PostWrite, README.md).
+// has it: where the provider completes it earlier (Quirk::kCompletesBeforeDelivery), the
+// WRITE asks for delivery; elsewhere the provider's default, cheaper by a third on 1.17's shm
+// and tcp;ofi_rxm. Only the last WRITE of a doorbell's group asks for a completion at all
+// (PostWrite, README.md).
 uint64_t WriteCompletion(const fi_info& nic) {
-  return std::string(nic.fabric_attr->prov_name) == "shm" && fi_version() >= FI_VERSION(1, 18)
-             ? FI_DELIVERY_COMPLETE
-             : 0;
+  return Has(Quirk::kCompletesBeforeDelivery, nic) ? FI_DELIVERY_COMPLETE : 0;
 }
 // GPU pages that shm moves itself (CUDA IPC) report their own completions: FI_INJECT would
 // send each through a host buffer of the provider's.
 bool OneCompletionPerGroup(const fi_info& nic, const MemoryPath* pages) {
   return WriteCompletion(nic) != 0 &&
          (pages == nullptr || pages->path != PageBuffer::Path::kGpuDirect);
-}
-// FI_MORE is a hint that providers may ignore, and nothing in the API says which read it. In
-// libfabric 2.6's source efa does: a WRITE posted with it waits for the first post without it,
-// which rings the device's doorbell (ibv_wr_complete, prov/efa/src/efa_data_path_ops.h). shm,
-// tcp and rxm never look at it on a WRITE (nor did 1.17's): each goes out as it is posted. So
-// over them --doorbell saves no doorbell, and the count says so.
-bool ReadsMore(const fi_info& nic) {
-  return std::string(nic.fabric_attr->prov_name) == "efa";
 }
 Network Network::Open(FiInfoPtr nic, WaitMode wait, const MemoryPath* pages, size_t cq_entries,
                       bool writer) {
@@ -213,7 +173,7 @@ Network Network::Open(FiInfoPtr nic, WaitMode wait, const MemoryPath* pages, siz
   net.source = (net.info->caps & FI_SOURCE) != 0;
   net.write_completion = completion;
   net.selective = selective;
-  net.reads_more = ReadsMore(*net.info);
+  net.reads_more = Has(Quirk::kReadsMore, *net.info);
   return net;
 }
 // What the writer needs to reach our region: with FI_MR_VIRT_ADDR, remote addresses are
@@ -290,8 +250,8 @@ void PrintHeader(const char* role, const Plan& plan, WaitMode wait, const Memory
   // The writer says when its WRITEs count as done, where it is not the provider's default.
   const bool delivery = std::string(role) == "server" && WriteCompletion(*plan.lanes[0]) != 0;
   const bool selective = delivery && OneCompletionPerGroup(*plan.lanes[0], &memory);
-  // The writer says where --doorbell cannot save doorbells (ReadsMore).
-  const std::string more = std::string(role) == "server" && !ReadsMore(*plan.lanes[0])
+  // The writer says where --doorbell cannot save doorbells (Quirk::kReadsMore).
+  const std::string more = std::string(role) == "server" && !Has(Quirk::kReadsMore, *plan.lanes[0])
                                ? std::string("; ") + plan.lanes[0]->fabric_attr->prov_name +
                                      " reads no FI_MORE: each WRITE goes out as it is posted"
                                : "";

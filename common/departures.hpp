@@ -33,6 +33,7 @@
 
 #include "address.hpp"
 #include "error.hpp"
+#include "provider_quirks.hpp"
 
 namespace common {
 
@@ -42,21 +43,17 @@ class Departures {
 
   // Before any peer is inserted into `av`; `own`: the address of the endpoint bound to it.
   Departures(fid_av* av, const fi_info& info, const std::vector<uint8_t>& own)
-      : av_(av),
-        format_(info.addr_format),
-        park_(std::strcmp(info.fabric_attr->prov_name, "shm") == 0 && FI_MAJOR(fi_version()) < 2) {
+      : av_(av), format_(info.addr_format), park_(Has(Quirk::kUnmapsRemovedPeer, info)) {
     fi_addr_t self = FI_ADDR_UNSPEC;
-    if (park_ && (fi_av_insert(av_, own.data(), 1, &self, 0, nullptr) != 1 || self != 0))
+    if (Has(Quirk::kStrangerIsAddressZero, info) &&
+        (fi_av_insert(av_, own.data(), 1, &self, 0, nullptr) != 1 || self != 0))
       throw Error("shm: our own address did not take fi_addr_t 0 in a new AV");
-    if (park_)
+    if (Has(Quirk::kCrashesOnClosedSender, info))
       std::printf(
           "note: shm %u.%u ends this server if a sender exits unread (README.md, \"When the "
           "provider cannot go on\")\n",
           FI_MAJOR(fi_version()), FI_MINOR(fi_version()));
-    // 2.6 (measured: tests/provider/shm_faults strangers; 1.17 holds): every process that
-    // writes to an endpoint takes one of its 256 peer places, given back only by fi_av_remove
-    // of an address the server inserted; a stranger's is never given back.
-    if (std::strcmp(info.fabric_attr->prov_name, "shm") == 0 && fi_version() >= FI_VERSION(2, 6))
+    if (Has(Quirk::kPeerPlacesForStrangers, info))
       std::printf(
           "note: shm %u.%u gives clients' places away past 256 strangers (README.md, \"When "
           "the provider cannot go on\")\n",

@@ -18,6 +18,7 @@
 #include "error.hpp"
 #include "program.hpp"
 #include "provider.hpp"
+#include "provider_quirks.hpp"
 
 namespace common {
 namespace {
@@ -85,9 +86,9 @@ void OnCrash(int signal) {
     add(" (");
     add(provider_line);
     add(")");
-    // The one crash of shm's found so far: 1.x reads a message from the region of a peer gone
-    // before it was read (docs/architecture.md). Elsewhere the cause is not known.
-    if (IsShm() && FI_MAJOR(fi_version()) < 2)
+    // The one crash of shm's found so far (common/provider_quirks.cpp). Elsewhere the cause
+    // is not known.
+    if (Has(Quirk::kCrashesOnClosedSender, provider_name, fi_version()))
       add(": a peer gone before its first message was read");
     add("; README.md, \"When the provider cannot go on\"; exiting\n");
   } else {
