@@ -51,7 +51,14 @@ void BindToGroupMemory(const Worker& w) {
 void OpenLanes(Worker& w) {
   Engine& e = *w.engine;
   for (size_t l = w.first_lane; l < w.first_lane + w.lane_count; ++l) {
-    w.lanes.push_back(Network::Open(DataLane(*e.plan.lanes[l]), e.wait, &e.memory, 0, true));
+    // <rung doorbell>
+    // Where a WRITE completes only once delivered (shm from 1.18, WriteCompletion), one
+    // completion per doorbell's group: the group's last WRITE reports for the others, which
+    // are posted FI_INJECT and report nothing (PostWrite); each rides on the next that does.
+    const bool selective = OneCompletionPerGroup(*e.plan.lanes[l], &e.memory);
+    // </rung doorbell>
+    // <without doorbell> const bool selective = false;
+    w.lanes.push_back(Network::Open(DataLane(*e.plan.lanes[l]), e.wait, &e.memory, 0, selective));
     w.writers.push_back(w.lanes.back().Address());
   }
   for (size_t l = 0; l < w.lane_count; ++l) {
@@ -129,8 +136,10 @@ void CountWrite(Op* op) {
 // A completion: its WRITE's, and those of the WRITEs it vouches for (Flush).
 void CountCompletion(Op* op) {
   ++op->share->slot->completions;
+  // <rung doorbell>
   for (Op* rider = std::exchange(op->rider, nullptr); rider != nullptr;)
     CountWrite(std::exchange(rider, std::exchange(rider->rider, nullptr)));
+  // </rung doorbell>
   CountWrite(op);
 }
 // Clients that come and go, and new shares, from the control thread. A client's entries go
@@ -220,8 +229,10 @@ void Flush(Worker& w, PeerSlot& slot, size_t lane, bool in_poll) {
         return;
       }
       queue.pop_front();
+      // <rung doorbell>
       op->rider = w.riders[lane];  // the chain so far: this one's completion vouches for it
       w.riders[lane] = op->signaled ? nullptr : op;  // else the lane's next reported one will
+      // </rung doorbell>
       ++slot.posts;
       if (in_poll) ++slot.posted_in_poll;
       if (!more || !w.lanes[lane].reads_more) ++slot.doorbells;  // a post sent at once

@@ -110,9 +110,10 @@ inline Op* OpOf(void* context) {
 class Network : public Endpoint {
  public:
   // A data lane gets `pages`, where its pages live: by GPUDirect RDMA it refuses the CUDA API.
-  // `writer`: the server's data lane, which WRITEs (see WriteCompletion).
+  // `selective`: a writer's lane whose WRITEs report one completion per doorbell's group
+  // (OneCompletionPerGroup, FI_SELECTIVE_COMPLETION); else every WRITE reports its own.
   static Network Open(FiInfoPtr nic, WaitMode wait, const MemoryPath* pages = nullptr,
-                      size_t cq_entries = 0, bool writer = false);
+                      size_t cq_entries = 0, bool selective = false);
   wire::RemoteRegion Advertise(fid_mr* mr, const void* data, size_t size) const;
   void PostRecv(Op& op);
   bool PostSend(Op& op, fi_addr_t dest);

@@ -164,10 +164,9 @@ bool OneCompletionPerGroup(const fi_info& nic, const MemoryPath* pages) {
          (pages == nullptr || pages->path != PageBuffer::Path::kGpuDirect);
 }
 Network Network::Open(FiInfoPtr nic, WaitMode wait, const MemoryPath* pages, size_t cq_entries,
-                      bool writer) {
+                      bool selective) {
   Network net;
   const uint64_t completion = WriteCompletion(*nic);
-  const bool selective = writer && OneCompletionPerGroup(*nic, pages);
   static_cast<Endpoint&>(net) =
       Endpoint::Open(*nic, wait == WaitMode::kBlock, pages, cq_entries, selective);
   net.source = (net.info->caps & FI_SOURCE) != 0;
