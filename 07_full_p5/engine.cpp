@@ -2,6 +2,27 @@
 // per NIC), its source memory and its data threads once; a client is an entry in it: its lane
 // addresses in the lanes' AVs, its region, keys, window and requests, added for its CONNECT
 // and removed when it goes. The service (service.cpp) drives both through service.hpp.
+//
+// A client's life in the engine (a Peer, and a PeerSlot per data thread that drives one of
+// its lanes; the service's own record of it is service.cpp's Client):
+//  1. Joining. Engine::Open checks its CONNECT (lanes, window, room for its commands; busy
+//     otherwise), makes its Peer and hands each thread its slot (Worker::joining); the thread
+//     puts its addresses into its lanes' AVs (TakeInbox) and sets `joined`.
+//  2. Serving. Peer::Dispatch splits each request into shares, one per thread; the threads
+//     post its WRITEs; Peer::Poll reports finished requests, failures and a stall (no WRITE
+//     completed while some are in flight: told once, with where the thread is).
+//  3. Leaving. BYE, a failure, or the service dropping it: Peer::Leave hands each slot back
+//     (Worker::leaving); a thread drops what it has not begun and waits for what is in flight.
+//  4. Left. Every thread let its slot go (`left`): its AV entries are removed (or kept where
+//     the provider cannot remove them: Quirk::kRemoveNeedsMappedPeer), its window uncommitted,
+//     its totals printed, the Peer freed.
+//  5. Kept (Peer::stuck, Leaving::kStuck). Its WRITEs still in the provider kStuckSeconds after
+//     it left (shm: WRITEs to a killed client): counted in Engine::held and `stuck_leaves`,
+//     asked again each round by the service and freed once they complete or fail, or when
+//     Engine::Reclaim reopens the lanes with no client connected; past kMaxStuckSessions
+//     (service.cpp), or where they hold a lane's every command, the server says why and exits.
+//  6. A thread stuck inside a provider call for good is not a client's state: the watchdog
+//     says so and the program exits (common/provider_watch.hpp); nothing here waits on it.
 
 #include <pthread.h>
 #include <sched.h>
