@@ -190,12 +190,22 @@ std::string FormatSummary(const Summary& s, bool json) {
       std::snprintf(link, sizeof(link), "%.1f%% of %.3g Gbps", percent, s.link_gbps);
     std::snprintf(line, sizeof(line),
                   "summary: %llu bytes in %.3f s = %.3f Gbps (%s), %.3f Mpps, %llu WRITEs, "
-                  "%d lane%s, verified %llu bytes; server %.3f s; pages in %s memory",
+                  "%d lane%s, verified %llu bytes",
                   static_cast<unsigned long long>(s.bytes), s.seconds, gbps, link, mpps,
                   static_cast<unsigned long long>(s.writes), s.lanes, s.lanes == 1 ? "" : "s",
-                  static_cast<unsigned long long>(s.verified_bytes), s.server_seconds,
-                  MemoryWords(s.memory).c_str());
+                  static_cast<unsigned long long>(s.verified_bytes));
   }
+  std::string text = line;
+  if (s.ignored_messages > 0)
+    text +=
+        "; ignored " + std::to_string(s.ignored_messages) + " messages that were not our server's";
+  return text;
+}
+
+std::string SummaryDetail(const Summary& s) {
+  char line[256];
+  std::snprintf(line, sizeof(line), "detail: server %.3f s; pages in %s memory", s.server_seconds,
+                MemoryWords(s.memory).c_str());
   std::string text = line;
   if (s.registered_bytes > 0) {  // per GiB, so that memory kinds and sizes compare
     const double gib = static_cast<double>(s.registered_bytes) / (1ull << 30);
@@ -235,9 +245,6 @@ std::string FormatSummary(const Summary& s, bool json) {
         moved ? 100.0 * static_cast<double>(wire) / static_cast<double>(moved) : 0.0);
     text += w;
   }
-  if (s.ignored_messages > 0)
-    text +=
-        "; ignored " + std::to_string(s.ignored_messages) + " messages that were not our server's";
   return text;
 }
 
@@ -321,6 +328,7 @@ void PrintSummary(const Summary& s, bool json) {
   FILE* out = RealStdout();
   std::fprintf(out, "%s\n", FormatSummary(s, json).c_str());
   std::fflush(out);
+  if (!json) Diagnostic("%s\n", SummaryDetail(s).c_str());  // -v: the rest of the run's figures
 }
 
 void PrintReceived(uint64_t writes, uint64_t bytes, double seconds, double server_seconds,

@@ -132,7 +132,12 @@ std::string RunsVerdict(const std::vector<double>& below, const std::vector<doub
 // share and the likely causes. Host-wide counters: another process's WRITEs count too.
 std::vector<std::string> WireWarnings(const Summary& s);
 
+// The headline: bytes, seconds, Gbps beside the link, Mpps, WRITEs, lanes, verified bytes (and
+// messages ignored, if any); --json: the whole record.
 std::string FormatSummary(const Summary& s, bool json);
+// The rest, printed under -v: the server's clock, where the pages were, registration, the
+// check, CPU, the NICs' own counts.
+std::string SummaryDetail(const Summary& s);
 void PrintSummary(const Summary& s, bool json);
 // 03's summary: "received N WRITEs (B bytes) in S s (server: T s); verified V bytes", printed
 // at every output level (-q too), as PrintSummary's is.

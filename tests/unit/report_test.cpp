@@ -23,7 +23,8 @@ TEST(Report, SummaryCarriesTheFigures) {
   s.server_seconds = 0.75;
   EXPECT_EQ(FormatSummary(s, false),
             "summary: 125000000 bytes in 1.000 s = 1.000 Gbps (50.0% of 2 Gbps), 0.001 Mpps, "
-            "1000 WRITEs, 2 lanes, verified 4096 bytes; server 0.750 s; pages in host memory");
+            "1000 WRITEs, 2 lanes, verified 4096 bytes");
+  EXPECT_EQ(SummaryDetail(s), "detail: server 0.750 s; pages in host memory");
   s.step = "+ warmup";
   s.memory = "cuda-staged";
   s.memory_why = "shm does not register GPU memory: \"no\"";
@@ -63,14 +64,14 @@ TEST(Report, SummarySaysWhichMemoryAndTheRegistrationPerGib) {
            {"cuda-vmm-direct", "pages in GPU VMM (direct) memory"},
            {"cuda-vmm-staged", "pages in GPU VMM (staged) memory"}}) {
     s.memory = word;
-    EXPECT_NE(FormatSummary(s, false).find(words), std::string::npos) << word;
+    EXPECT_NE(SummaryDetail(s).find(words), std::string::npos) << word;
   }
-  EXPECT_EQ(FormatSummary(s, false).find("registered"), std::string::npos);
+  EXPECT_EQ(SummaryDetail(s).find("registered"), std::string::npos);
   s.registered_bytes = 8ull << 30;
   s.registration_seconds = 0.4;
-  EXPECT_NE(FormatSummary(s, false).find("; registered 8.00 GiB in 400.000 ms (50.000 ms per GiB)"),
+  EXPECT_NE(SummaryDetail(s).find("; registered 8.00 GiB in 400.000 ms (50.000 ms per GiB)"),
             std::string::npos)
-      << FormatSummary(s, false);
+      << SummaryDetail(s);
   const std::string json = FormatSummary(s, true);
   EXPECT_NE(json.find("\"registered_bytes\":8589934592,\"registration_seconds\":0.400000"),
             std::string::npos)
@@ -144,7 +145,7 @@ TEST(Report, NicsAndEmulatedWrite) {
       << json;
   EXPECT_NE(json.find("{\"name\":\"shm\",\"bytes\":4096,\"wire_bytes\":null}],"), std::string::npos)
       << json;
-  const std::string text = FormatSummary(s, false);
+  const std::string text = SummaryDetail(s);
   EXPECT_NE(text.find("; NIC counters (host-wide): 32 NICs received 33.6 MB on the wire for 33.6 "
                       "MB of pages (100.1%)"),
             std::string::npos)
