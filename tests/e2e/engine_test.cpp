@@ -414,9 +414,9 @@ TEST_P(Engine, LadderMeasuresEachRungSeveralTimes) {
 // shm from libfabric 1.18 keeps one of a lane's commands (1024) per WRITE until its target
 // answers (main.cpp, HoldsCommandUntilAnswered): a killed client's WRITEs keep theirs. Once no
 // client is connected, the engine reopens its lanes, which takes them back, and frees the
-// killed client's entry (07_full_p5/engine.cpp, Engine::Reclaim): here one client killed with its window
-// in flight, and the next client verified. 1.17's shm completes in order: there the first such
-// client ends the server (KilledClientEndsTheServer). (Not -W 1024: with that many WRITEs
+// killed client's entry (07_full_p5/engine.cpp, Engine::Reclaim): here one client killed with its
+// window in flight, and the next client verified. 1.17's shm completes in order: there the first
+// such client ends the server (KilledClientEndsTheServer). (Not -W 1024: with that many WRITEs
 // owed, 2.6's shm receiver can stay inside one fi_cq_read for seconds while they arrive.)
 TEST_P(Engine, KilledClientsHeldCommandsAreTakenBack) {
   if (provider() != "shm") GTEST_SKIP() << "a limit of shm's";
