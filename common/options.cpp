@@ -284,7 +284,8 @@ static void AddEngineOptions(CLI::App& app, Options& o) {
   AddSize(app, "--doorbell", &o.doorbell,
           "Client: WRITEs per doorbell: FI_MORE on all but the last of each group, so the "
           "provider can ring the NIC once for them (1: every WRITE rings it; efa reads FI_MORE, "
-          "shm and tcp do not)",
+          "shm and tcp do not); where WRITEs complete once delivered (shm from libfabric 1.18), "
+          "the group's last WRITE also reports the completion for all of them",
           "N", Range{1, wire::kMaxWindow});
   AddOff(app, "--eager-post", &o.lazy,
          "Client: the server posts each WRITE at once instead of from its CQ poll");
