@@ -9,6 +9,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -78,17 +79,36 @@ std::vector<CheckLine> ProviderLines(bool efa_devices, const FiInfoPtr& engine_h
   else
     lines.push_back({Verdict::kOk, "providers", list, ""});
   if (!efa) return lines;
-  const std::set<std::string> fabrics = EfaFabrics(engine_hints, false);
+  FiInfoPtr hints(fi_dupinfo(engine_hints.get()));
+  std::set<std::string> fabrics = EfaFabrics(hints, false);
+  std::string without_hmem;  // efa offers fabrics, but none for GPU memory: why
+  if (fabrics.empty() && (hints->caps & FI_HMEM)) {
+    hints->caps &= ~FI_HMEM;
+    fabrics = EfaFabrics(hints, false);
+    if (!fabrics.empty()) {
+      const std::string cudart = CudaRuntimeProblem();
+      without_hmem = cudart.empty() ? "this libfabric was built without CUDA" : cudart;
+    }
+  }
   std::string names;
   for (const auto& f : fabrics) names += (names.empty() ? "" : ", ") + f;
-  lines.push_back(
-      {fabrics.count("efa") ? Verdict::kOk : Verdict::kFail, "efa fabrics",
-       names.empty()
-           ? "none"
-           : names + (fabrics.count("efa-direct") ? "" : " (efa-direct came with libfabric 2.1)"),
-       "the EFA installer's libfabric"});
+  if (!without_hmem.empty())
+    lines.push_back(
+        {Verdict::kFail, "efa fabrics",
+         names + ", none for GPU memory (FI_HMEM): " +
+             without_hmem.substr(0, without_hmem.find("): ") + 1),
+         without_hmem.find("libcudart") != std::string::npos
+             ? "add the CUDA toolkit's lib64 to LD_LIBRARY_PATH (/usr/local/cuda/lib64)"
+             : "the EFA installer's libfabric: LIBFABRIC=/opt/amazon/efa scripts/build"});
+  else
+    lines.push_back(
+        {fabrics.count("efa") ? Verdict::kOk : Verdict::kFail, "efa fabrics",
+         names.empty()
+             ? "none"
+             : names + (fabrics.count("efa-direct") ? "" : " (efa-direct came with libfabric 2.1)"),
+         "the EFA installer's libfabric"});
   lines.push_back(UnsolicitedWriteLine(fabrics.count("efa-direct") > 0,
-                                       EfaFabrics(engine_hints, true).count("efa-direct") > 0));
+                                       EfaFabrics(hints, true).count("efa-direct") > 0));
   return lines;
 }
 
@@ -116,27 +136,43 @@ CheckLine PairingLine(const Plan& plan) {
 }
 
 // Whether the provider of lane 0 takes GPU memory, and how; and efa's WRITE.
-std::vector<CheckLine> GpuPathLines(const Plan& plan, bool gpus, bool efa_devices) {
+std::vector<CheckLine> GpuPathLines(const Plan& plan, bool gpus, bool efa_devices,
+                                    const Options& options, const std::string& no_hmem) {
   std::vector<CheckLine> lines;
   const std::string provider = plan.lanes[0]->fabric_attr->prov_name;
-  Network probe = Network::Open(FiInfoPtr(fi_dupinfo(plan.lanes[0].get())), WaitMode::kSpin);
+  Network probe;
+  try {
+    probe = Network::Open(FiInfoPtr(fi_dupinfo(plan.lanes[0].get())), WaitMode::kSpin);
+  } catch (const std::exception& e) {
+    return {{Verdict::kFail, "GPU memory in libfabric",
+             provider + ": lane 0's endpoint did not open: " + e.what(),
+             "-p PROVIDER and --domain name what there is (fi_info)"}};
+  }
   if (!gpus) {
     lines.push_back({Verdict::kOk, "GPU memory in libfabric", "not checked: no GPU here", ""});
-  } else {
-    const MemoryPath path = ChooseMemoryPath(probe.domain.get(), *probe.info, MemoryKind::kCuda,
-                                             GpuPathMode::kAuto, "");
-    const bool on_efa = provider == "efa";
-    const std::string detail = provider + ": " + DescribeMemoryPath(path);
-    if (path.nic_only || (path.path == PageBuffer::Path::kGpuDirect && !on_efa))
-      lines.push_back({Verdict::kOk, "GPU memory in libfabric", detail, ""});
-    else
-      lines.push_back({efa_devices ? Verdict::kFail : Verdict::kWarn, "GPU memory in libfabric",
-                       detail,
-                       path.path == PageBuffer::Path::kGpuStaged
-                           ? "a libfabric built with CUDA (the EFA installer's: "
-                             "LIBFABRIC=/opt/amazon/efa)"
-                           : "GPUDirect RDMA: dmabuf or nvidia_peermem (the line above)"});
-  }
+  } else
+    try {
+      // As 07 would choose (--gpu-path auto: direct on a p5, where anything less is refused).
+      const MemoryPath path = ChooseMemoryPath(probe.domain.get(), *probe.info, MemoryKind::kCuda,
+                                               GpuPathMode::kAuto, no_hmem, options.dmabuf);
+      const bool on_efa = provider == "efa";
+      const std::string detail = provider + ": " + DescribeMemoryPath(path);
+      if (path.nic_only || (path.path == PageBuffer::Path::kGpuDirect && !on_efa))
+        lines.push_back({Verdict::kOk, "GPU memory in libfabric", detail, ""});
+      else
+        lines.push_back({efa_devices ? Verdict::kFail : Verdict::kWarn, "GPU memory in libfabric",
+                         detail,
+                         path.path == PageBuffer::Path::kGpuStaged
+                             ? "a libfabric built with CUDA (the EFA installer's: "
+                               "LIBFABRIC=/opt/amazon/efa)"
+                             : "GPUDirect RDMA: dmabuf or nvidia_peermem (the line above)"});
+    } catch (const std::exception& e) {  // direct where the instance is made for it, and not here
+      lines.push_back({Verdict::kFail, "GPU memory in libfabric", provider + ": " + e.what(),
+                       no_hmem.find("libcudart") != std::string::npos
+                           ? "the CUDA runtime line above"
+                           : "GPUDirect RDMA: dmabuf, nvidia_peermem or efa_nv_peermem (the peer "
+                             "memory line above), and the EFA installer's libfabric"});
+    }
   if (const auto emulated = EmulatedWrite(probe.ep.get()))
     lines.push_back({*emulated ? Verdict::kFail : Verdict::kOk, "efa RDMA WRITE",
                      *emulated ? "emulated with messages (FI_OPT_EFA_EMULATED_WRITE true)"
@@ -159,18 +195,22 @@ int RunCheck(const Options& options) {
   const MemoryKind memory = process.visible_gpus > 0 ? MemoryKind::kCuda : MemoryKind::kHost;
   for (auto& l : ProviderLines(!host.efa_devices.empty(), EngineHints(options, memory)))
     lines.push_back(l);
+  std::optional<Plan> plan;
+  std::string no_hmem;
   try {
-    std::string no_hmem;
-    const Plan plan = FindNics(options, {}, memory, &no_hmem, false);
-    lines.push_back(PairingLine(plan));
-    for (auto& l : GpuPathLines(plan, process.visible_gpus > 0, !host.efa_devices.empty()))
-      lines.push_back(l);
+    plan = FindNics(options, {}, memory, &no_hmem, false);
+    lines.push_back(PairingLine(*plan));
   } catch (const UsageError&) {
     throw;  // -p or --domain naming nothing here: exit 2, as for any program
   } catch (const std::exception& e) {
     lines.push_back({Verdict::kFail, "NICs per GPU", std::string("no NIC to pair: ") + e.what(),
                      "-p PROVIDER and --domain name what there is (fi_info)"});
   }
+  // Each its own line: a GPU path that fails does not hide the pairing or efa's WRITE.
+  if (plan)
+    for (auto& l :
+         GpuPathLines(*plan, process.visible_gpus > 0, !host.efa_devices.empty(), options, no_hmem))
+      lines.push_back(l);
   size_t counts[3] = {0, 0, 0};
   for (const auto& l : lines) {
     std::printf("%s\n", FormatCheck(l).c_str());

@@ -259,6 +259,7 @@ class ClientSession {
   uint64_t source_bytes_ = 0;  // the server's data set, what our pages are checked against
   std::string refused_;
   bool accepted_ = false;
+  Clock::duration told_to_wait_{};  // the server's ERROR wire::kWait: its ACCEPT comes later
   // Only our server's messages count: whoever reaches our control endpoint can send it
   // anything, and it is dropped and counted. Each request is answered once (DONE or ERROR): a
   // second answer, or one for a request we never made, is no answer of our server's.
@@ -314,7 +315,7 @@ ClientSession::ClientSession(const Options& options, std::span<const uint8_t> pe
 }
 void ClientSession::OpenLanes() {
   control_.memory = ChooseMemoryPath(control_.domain.get(), *control_.info, memory_kind_,
-                                     options_.gpu_path, no_hmem_);
+                                     options_.gpu_path, no_hmem_, options_.dmabuf);
   cq_entries_ = ReceiverCqEntries(options_.window);
   for (const auto& nic : plan_.lanes)
     lanes_.push_back(Network::Open(DataLane(*nic), wait_, &control_.memory, cq_entries_));
@@ -346,8 +347,8 @@ void ClientSession::RegisterRegions() {
       regions_.try_emplace(g, region_pages * options_.page_size, control_.memory,
                            plan_.groups[g].gpu.value_or(0));
     const auto before = Clock::now();
-    region_mrs_.push_back(
-        RegisterPages(lanes_[l].domain.get(), *lanes_[l].info, regions_.at(g), FI_REMOTE_WRITE));
+    region_mrs_.push_back(RegisterPages(lanes_[l].domain.get(), *lanes_[l].info, regions_.at(g),
+                                        FI_REMOTE_WRITE, control_.memory));
     registering_ += Clock::now() - before;
     registered_ += regions_.at(g).size();
   }
@@ -356,6 +357,16 @@ void ClientSession::RegisterRegions() {
 void ClientSession::PlanRequests() {
   const uint64_t total_pages = options_.pages * options_.requests;
   const uint64_t region_pages = 2 * total_pages;
+  if (total_pages < lanes_.size())  // a lane dealt no page would sit idle, unsaid
+    throw UsageError(
+        "--pages " + std::to_string(options_.pages) + " x --requests " +
+        std::to_string(options_.requests) + " = " + Plural(total_pages, "page") + " over " +
+        Plural(lanes_.size(), "lane") + ": " +
+        (total_pages + 1 == lanes_.size()
+             ? "lane " + std::to_string(total_pages)
+             : "lanes " + std::to_string(total_pages) + "-" + std::to_string(lanes_.size() - 1)) +
+        " would carry nothing (ask for " + std::to_string(lanes_.size()) +
+        " pages or more, or fewer --nics)");
   const std::vector<uint32_t> all_pages = SamplePages(options_.seed, total_pages, region_pages);
   requests_.resize(options_.requests);
   for (size_t r = 0; r < requests_.size(); ++r) {
@@ -370,19 +381,21 @@ void ClientSession::PlanRequests() {
   expected_ = total_pages * options_.repeat;
   // <rung warmup>
   // Warmup: the first page of each lane, --warmup times, untimed. It lands where the timed
-  // WRITEs land later, with the same data.
+  // WRITEs land later, with the same data (the deck's first pages, one per lane).
   warmup_ = requests_[0];
   warmup_.request_id = kWarmupRequest;
-  warmup_.pages.resize(std::min<size_t>(lanes_.size(), warmup_.pages.size()));
+  warmup_.pages.assign(all_pages.begin(),
+                       all_pages.begin() + std::min<uint64_t>(lanes_.size(), total_pages));
   warmup_.repeat = options_.warmup;
   warm_ = warm_ && options_.warmup > 0;
   // </rung warmup>
-  // What each lane receives: page i of a request comes on lane i % lanes.
+  // What each lane receives: the pages LaneOf deals it.
   expected_per_lane_.assign(lanes_.size(), 0);
   for (const auto& r : requests_)
-    for (size_t i = 0; i < r.pages.size(); ++i) expected_per_lane_[i % lanes_.size()] += r.repeat;
+    for (size_t i = 0; i < r.pages.size(); ++i)
+      expected_per_lane_[LaneOf(r.request_id, r.pages.size(), i, lanes_.size())] += r.repeat;
   const size_t control_limit = MessageLimit(control_.ep.get(), *control_.info);
-  if (wire::Encode(requests_[0]).size() > control_limit)
+  if (std::max(wire::Encode(requests_[0]).size(), wire::Encode(warmup_).size()) > control_limit)
     throw UsageError("--pages " + std::to_string(options_.pages) + ": a TRANSFER of that many " +
                      "pages is longer than the " + std::to_string(control_limit) +
                      "-byte messages this fabric carries (efa-direct: at most its MTU)");
@@ -493,6 +506,16 @@ void ClientSession::OnAccept(const wire::Accept& accept) {
   mail_->Seal(server_, accept.session);  // our requests and BYE carry it
 }
 void ClientSession::OnRefused(const wire::ErrorReply& error) {
+  if (!accepted_ && error.text.rfind(wire::kWait, 0) == 0) {
+    if (told_to_wait_ == Clock::duration{}) {  // once: a server that says so again gets no more
+      told_to_wait_ = wire::kOpeningWait;
+      if (print_)
+        std::printf("the server answers later: %s; waiting up to %s more\n",
+                    error.text.substr(wire::kWait.size()).c_str(),
+                    FormatSeconds(told_to_wait_).c_str());
+    }
+    return;
+  }
   if (!accepted_ && error.text.rfind(wire::kBusy, 0) == 0)
     throw Busy("the server is busy (" + error.text.substr(wire::kBusy.size()) +
                "): try again later");
@@ -639,9 +662,12 @@ void ClientSession::Connect() {
   mail_->Seal(server_, from_server_.token());  // the server's answers carry it back
   Send(connect);
   for (ConnectRepeat again; !accepted_; Progress()) {
-    if (again.Expired(limit_))  // a server that has never heard us takes none of our CONNECTs
+    // A server that has never heard us takes none of our CONNECTs; one that told us to wait
+    // has kOpeningWait more.
+    if (again.Expired(limit_ + told_to_wait_))
       Abandon(kProgram,
-              "no answer from the server within " + FormatSeconds(limit_) + " to our CONNECT (" +
+              "no answer from the server within " + FormatSeconds(limit_ + told_to_wait_) +
+                  " to our CONNECT (" +
                   (mail_->Queued(server_) ? "its endpoint has not taken it" : "taken, unanswered") +
                   ": is it running at that address?)" + EndpointFilesGone(control_, lanes_));
     if (mail_->Idle() && again.Due()) Send(connect);  // our address is in the server's AV now

@@ -65,7 +65,7 @@ void OpenLanes(Worker& w) {
     PageBuffer& source = e.sources[e.plan.group_of[w.first_lane + l]];
     w.source_at.push_back(static_cast<uint8_t*>(source.nic_data()));
     w.source_mrs.push_back(
-        RegisterPages(w.lanes[l].domain.get(), *w.lanes[l].info, source, FI_WRITE));
+        RegisterPages(w.lanes[l].domain.get(), *w.lanes[l].info, source, FI_WRITE, e.memory));
     w.source_desc.push_back(fi_mr_desc(w.source_mrs.back().get()));
   }
   w.riders.assign(w.lane_count, nullptr);
@@ -282,16 +282,16 @@ size_t PollLanes(Worker& w) {
   }
   return done;
 }
-// Prepares WRITEs of one client's shares, one share after another in turn, at most
-// its --batch per lane, and posts them as soon as a doorbell's worth of a lane is ready
-// (eager posting). Page i of a request always goes out on lane i % lanes.
+// Prepares WRITEs of one client's shares, one share after another in turn, at most its
+// --batch per visit of the thread, and posts them as soon as a doorbell's worth of a lane is
+// ready (eager posting). Each page goes out on the lane LaneOf dealt it.
 void PrepareFor(Worker& w, PeerSlot& slot) {
   const wire::Engine& settings = slot.peer->settings;
-  // Byte-fair (deficit round robin): each visit adds the bytes of --batch WRITEs per lane of
-  // the thread's smallest pages in service to the client's credit, and a WRITE spends its
+  // Byte-fair (deficit round robin): each visit adds the bytes of --batch WRITEs of the
+  // thread's smallest pages in service to the client's credit, and a WRITE spends its
   // page's bytes. Clients of equal pages prepare --batch each, as without it; a client of
   // 1 MiB pages beside one of 64 KiB gets one WRITE for the other's sixteen: equal bytes.
-  const uint64_t quantum = settings.batch * slot.lanes_used * w.fair_page;
+  const uint64_t quantum = settings.batch * w.fair_page;
   slot.credit += quantum;
   const uint64_t byte_window = uint64_t{settings.window} * slot.lanes_used * w.fair_page;
   bool window_full = false;
@@ -299,13 +299,14 @@ void PrepareFor(Worker& w, PeerSlot& slot) {
   const bool eager = !slot.peer->On(wire::kEngineLazy);  // --eager-post: lazy posting off
   // </rung lazy>
   // <without lazy> const bool eager = true;
-  // <without batch> const uint64_t batch = slot.lanes_used;  // one round: a WRITE a share
+  // <without batch> const uint64_t batch = 1;  // one WRITE a visit, as 13_shard posted
   // <without batch> uint64_t budget = batch;
   // <without batch> {
   // <rung batch>
-  // --batch: round the shares again and again until --batch WRITEs per lane are prepared
-  // (or none is left to prepare), and only then poll: one visit, many WRITEs.
-  const uint64_t batch = settings.batch * slot.lanes_used;
+  // --batch: round the shares again and again until --batch WRITEs are prepared (or none is
+  // left to prepare), and only then poll: one visit, many WRITEs. Per visit of the thread,
+  // whatever its lanes, as the published 15_lazy prepared 16 (ContinuePostWrite).
+  const uint64_t batch = settings.batch;
   uint64_t budget = batch;
   bool prepared_any = true;
   while (budget > 0 && prepared_any) {

@@ -157,7 +157,7 @@ std::string Peer::Dispatch(wire::Transfer transfer) {
            " bytes a buffer: --server-memory over its buffers)";
   std::map<PeerSlot*, std::unique_ptr<Share>> shares;
   for (size_t i = 0; i < t.pages.size(); ++i) {
-    const size_t lane = i % regions.size();  // page i of a request goes out on lane i % lanes
+    const size_t lane = LaneOf(t.request_id, t.pages.size(), i, regions.size());
     PeerSlot* slot = at_lane[lane];
     auto& share = shares[slot];
     if (!share) share = std::make_unique<Share>();
@@ -569,6 +569,14 @@ void Engine::Build(const Shape& wanted) {
     throw Error("the data threads' lanes did not open within " +
                 std::to_string(static_cast<int>(open_s)) + " s");
   cores.Hold(pinned);  // this (service) thread moves off the cores they hold
+}
+// What Open would rebuild the engine for, said before it does ("" if nothing): the client is
+// told to wait for it (wire::kWait), since closing 32 lanes, re-registering the sources and
+// opening them again can take longer than its --timeout.
+std::string Engine::Rebuilds(const wire::Engine& asked) const {
+  const Shape wanted = ShapeFor(asked, plan);
+  if (wanted == shape || peers != 0) return "";
+  return "the engine is rebuilt for this client (" + DescribeShape(wanted) + ")";
 }
 // A CONNECT: the client's entry in the lanes it has. An engine rung it asks for that the
 // engine does not have is built for it when no other client is connected (--ladder's rungs,

@@ -52,6 +52,14 @@ inline constexpr const char* kProgram = "07_full_p5";
 inline constexpr size_t kRecvDepth = 8;  // receives each side keeps posted
 inline constexpr uint64_t kMaxRequestsInFlight = 64;
 inline constexpr uint32_t kWarmupRequest = 0xffffffff;  // the id of the untimed warmup request
+// The lane that carries page i of a request of `pages` pages: the pages of a client's
+// requests are dealt to its lanes as one deck, request after request, so every lane carries
+// bytes whatever --pages (page i on lane i % lanes left lanes 16-31 idle for 16-page
+// requests over 32 NICs). The warmup request starts the deck at lane 0.
+inline size_t LaneOf(uint32_t request_id, size_t pages, size_t i, size_t lanes) {
+  const uint64_t before = request_id == kWarmupRequest ? 0 : uint64_t{request_id - 1} * pages;
+  return static_cast<size_t>((before + i) % lanes);
+}
 // A data thread that owes WRITEs and has seen none complete for this long (or half of
 // --peer-timeout, if shorter) is stalled: the server says so once, with what the thread did
 // meanwhile (Session::Poll). A live lane completes a WRITE every few microseconds, a 1 Gbit/s
@@ -382,6 +390,7 @@ struct Engine : service::Engine {
          MemoryPath memory);
   ~Engine() override;
   std::unique_ptr<service::Session> Open(const wire::Connect& connect) override;
+  std::string Rebuilds(const wire::Engine& asked) const override;
   Report Watch() override;
   bool Reclaim() override;
   // Opens the lanes and threads for `shape` (closing what was open first).

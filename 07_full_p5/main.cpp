@@ -95,20 +95,39 @@ Plan FindNics(const Options& options, std::span<const uint8_t> peer, MemoryKind 
     nics.push_back(nic);
   }
   const Topology topology = LoadTopology(options);
-  std::vector<PciAddress> gpus;
+  std::vector<PciAddress> seen;  // the GPUs this process sees, by CUDA device index
   if (IsThisSystem(topology)) {
     for (int g = 0; IsGpu(memory) && g < CudaDeviceCount(); ++g)
-      if (auto pci = PciAddress::Parse(CudaPciBusId(g))) gpus.push_back(*pci);
+      if (auto pci = PciAddress::Parse(CudaPciBusId(g))) seen.push_back(*pci);
   } else {
     // --topology: a rehearsal of the machine the file describes (a p5: tests/data/p5.xml).
     // Its GPUs group the NICs, and lane k's NIC takes the place of that machine's k-th NIC
     // (by PCI address), so that NICs pair, group and get their threads and cores as there.
-    gpus = GpusOf(topology);
+    // CUDA_VISIBLE_DEVICES's indices pick among its GPUs as CUDA would there.
+    seen = VisibleOf(GpusOf(topology), std::getenv("CUDA_VISIBLE_DEVICES"));
     const std::vector<PciAddress> there = NicsOf(topology);
     for (size_t k = 0; k < nics.size() && k < there.size(); ++k) nics[k].pci = there[k];
   }
+  // --gpus: some of those, each with its own NICs (GroupDevices leaves the others' out).
+  std::vector<PciAddress> gpus = seen;
+  std::vector<int> indices;
+  if (!options.gpus.empty() && seen.empty())
+    throw UsageError("invalid --gpus: this process uses no GPU (host memory, or none seen)");
+  if (!options.gpus.empty()) {
+    gpus.clear();
+    for (int g : options.gpus) {
+      if (static_cast<size_t>(g) >= seen.size())
+        throw UsageError("invalid --gpus " + std::to_string(g) + ": this process sees " +
+                         Plural(seen.size(), "GPU") + " (0-" + std::to_string(seen.size() - 1) +
+                         ")");
+      gpus.push_back(seen[g]);
+      indices.push_back(g);
+    }
+  }
   Plan plan;
-  plan.groups = GroupDevices(topology, gpus, nics);
+  plan.groups = GroupDevices(topology, gpus, nics, indices);
+  size_t others = nics.size();
+  for (const auto& group : plan.groups) others -= group.nics.size();
   if (print) {
     if (!IsThisSystem(topology))
       std::printf(
@@ -117,6 +136,9 @@ Plan FindNics(const Options& options, std::span<const uint8_t> peer, MemoryKind 
           options.topology.c_str());
     std::printf("%s\n", FormatTotals(plan.groups, nics).c_str());
     for (const auto& group : plan.groups) std::printf("  %s\n", FormatGroup(group, nics).c_str());
+    if (others > 0)
+      std::printf("  %s under GPUs this process does not use: left to their processes\n",
+                  Plural(others, "other NIC").c_str());
   }
   std::vector<std::pair<size_t, size_t>> all;  // (group, NIC) in group order
   for (size_t g = 0; g < plan.groups.size(); ++g)
@@ -282,8 +304,8 @@ int ServerMain(const Options& options) {
   const WaitMode wait = ChooseWaitMode(options.wait, *plan.lanes[0]);
   // How GPU memory travels: asked of lane 0's provider once, for every session.
   Network probe = Network::Open(FiInfoPtr(fi_dupinfo(plan.lanes[0].get())), wait);
-  const MemoryPath path =
-      ChooseMemoryPath(probe.domain.get(), *probe.info, memory, options.gpu_path, no_hmem);
+  const MemoryPath path = ChooseMemoryPath(probe.domain.get(), *probe.info, memory,
+                                           options.gpu_path, no_hmem, options.dmabuf);
   const std::optional<bool> emulated = EmulatedWrite(probe.ep.get());
   PrintHeader("server", plan, wait, path, emulated);
   RequireDeviceWrites(path, emulated);
@@ -321,6 +343,10 @@ int main(int argc, char** argv) {
                                 options);
       rc >= 0)
     return rc;
+  // --dmabuf off: libfabric's own CUDA registration takes a dmabuf where it can (efa from 2.x
+  // tries one first for memory registered by address, efa_mr.c), unless told not to, before
+  // its first fi_getinfo reads its parameters. A value the user set stands.
+  if (options.dmabuf == DmabufMode::kOff) setenv("FI_HMEM_CUDA_USE_DMABUF", "0", 0);
   if (options.check) return RunProgram(kProgram, [&] { return RunCheck(options); });
   return RunProgram(
       kProgram, [&] { return options.peer.empty() ? ServerMain(options) : ClientMain(options); });

@@ -133,6 +133,7 @@ class Service {
  private:
   Desk::Hooks Hooks();
   Desk::Opened Open(const wire::Connect& connect, fi_addr_t id);
+  void SettleLeavers();
   void Said(uint64_t number, fi_addr_t id, std::string how);
   size_t Progress();
   void OnCompletion(const fi_cq_data_entry& done, fi_addr_t source);
@@ -204,24 +205,29 @@ Desk::Hooks Service::Hooks() {
     return c.idle_seen;
   };
   hooks.open = [this](const wire::Connect& connect, fi_addr_t id) { return Open(connect, id); };
+  hooks.slow_open = [this](const wire::Connect& connect) {
+    if (!clients_.empty()) return std::string();  // served by the engine as it is
+    SettleLeavers();
+    return engine_.Rebuilds(connect.engine);
+  };
   hooks.said = [this](uint64_t number, fi_addr_t id, const std::string& how) {
     Said(number, id, how);
   };
   return hooks;
 }
 // A session in the engine for the client: the desk sends ACCEPT with its writers.
+// Sessions leaving go within a round, once their threads let them go: 50 ms at most.
+void Service::SettleLeavers() {
+  for (const auto until = Clock::now() + std::chrono::milliseconds(50);
+       leavers_.Going() && Clock::now() < until;) {
+    leavers_.Settle();
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
 Desk::Opened Service::Open(const wire::Connect& connect, fi_addr_t id) {
-  // Sessions leaving go within a round, once their threads let them go: 50 ms at most.
-  const auto settle_leavers = [this] {
-    for (const auto until = Clock::now() + std::chrono::milliseconds(50);
-         leavers_.Going() && Clock::now() < until;) {
-      leavers_.Settle();
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-  };
   // The client before it may still be leaving: only once it is gone may the engine be
   // rebuilt for this one (--ladder's next rung).
-  if (clients_.empty()) settle_leavers();
+  if (clients_.empty()) SettleLeavers();
   const auto opening = Clock::now();
   std::unique_ptr<Session> session;
   try {
@@ -230,7 +236,7 @@ Desk::Opened Service::Open(const wire::Connect& connect, fi_addr_t id) {
     // A client just let go (an idle one that yielded its place to this one) holds its window
     // until it has left: then ask again.
     if (!leavers_.Going()) throw;
-    settle_leavers();
+    SettleLeavers();
     session = engine_.Open(connect);
   }
   const uint64_t setup_ns = static_cast<uint64_t>(

@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <limits>
 #include <map>
+#include <sstream>
 #include <utility>
 #include <vector>
 
@@ -161,7 +162,9 @@ static void AddServeOptions(CLI::App& app, Options& o) {
   app.add_option("--fabric", o.fabric,
                  "libfabric fabric of the provider: for efa, efa (default: the full RDM "
                  "protocol) or efa-direct (the device's own queues; see 07's README)");
-  app.add_option("--domain", o.domain, "libfabric domain (NIC) to use, e.g. lo or rdmap79s0");
+  app.add_option("--domain", o.domain,
+                 "libfabric domain (NIC) to use, as fi_info names it: lo, eth0, or efa's "
+                 "rdmap79s0-rdm");
   app.add_option("--oob-port", o.oob,
                  "Server: also give the address (hex) to whoever connects to this TCP port. "
                  "Client: --oob-port PORT HOST takes it from there instead of the address "
@@ -278,8 +281,9 @@ static void AddEngineOptions(CLI::App& app, Options& o) {
          "The server's threads share one locked state per client instead of their own "
          "(server: at start; client: asks)");
   AddSize(app, "--batch", &o.batch,
-          "Client: WRITEs the server prepares per lane each time round its posting loop (the "
-          "published ladder's batching; 1: one, then poll again)",
+          "Client: WRITEs a data thread of the server prepares each time round its posting loop, "
+          "whatever its lanes (the published ladder's batching: 16 per GPU thread; 1: one, then "
+          "poll again)",
           "N", Range{1, wire::kMaxBatch});
   AddSize(app, "--doorbell", &o.doorbell,
           "Client: WRITEs per doorbell: FI_MORE on all but the last of each group, so the "
@@ -310,6 +314,44 @@ static void AddHostOptions(CLI::App& app, Options& o) {
                  "plan (groups, threads, cores) is the one made there; host memory, nothing "
                  "bound")
       ->check(CLI::ExistingFile);
+  AddChoice(app, "--dmabuf", &o.dmabuf,
+            {{"auto", DmabufMode::kAuto}, {"on", DmabufMode::kOn}, {"off", DmabufMode::kOff}},
+            "GPU memory's registration: on (a dmabuf, or exit 77), off (by address, pinned by "
+            "the NIC's driver: nvidia_peermem or efa's own GPUDirect path; sets "
+            "FI_HMEM_CUDA_USE_DMABUF=0 unless set, so that the provider does not take a dmabuf "
+            "itself), or auto: a dmabuf, and by address where that registration fails "
+            "(default); the header and the record's memory_why say which");
+  app.add_option_function<std::string>(
+         "--gpus",
+         [&o](const std::string& text) {
+           // "3", "0,2" or "4-7": as CUDA_VISIBLE_DEVICES and Slurm write them
+           std::vector<int> gpus;
+           std::stringstream items(text);
+           std::string item;
+           while (std::getline(items, item, ',')) {
+             const size_t dash = item.find('-');
+             uint64_t lo = 0, hi = 0;
+             try {
+               lo = ParseSize(item.substr(0, dash), "--gpus");
+               hi = dash == std::string::npos ? lo : ParseSize(item.substr(dash + 1), "--gpus");
+             } catch (const UsageError&) {
+               lo = 1, hi = 0;
+             }
+             if (item.empty() || lo > hi || hi >= 1024 || item.find_first_of("kmgKMG") != item.npos)
+               throw UsageError("invalid --gpus '" + text +
+                                "' (CUDA device indices: 3, 0,2 or 4-7)");
+             for (uint64_t g = lo; g <= hi; ++g)
+               if (std::find(gpus.begin(), gpus.end(), g) == gpus.end())
+                 gpus.push_back(static_cast<int>(g));
+           }
+           if (gpus.empty())
+             throw UsageError("invalid --gpus '" + text + "' (CUDA device indices: 3, 0,2 or 4-7)");
+           o.gpus = gpus;
+         },
+         "GPUs to use, by CUDA device index among those this process sees (3, 0,2 or 4-7; "
+         "default: all), each with the NICs under its PCIe switch only, as one process per GPU "
+         "runs on a p5; with --topology, indices of that machine's GPUs")
+      ->type_name("LIST");
   app.add_flag("--check", o.check,
                "Check this host instead (EFA devices, GPUs, peer memory, huge pages, memlock, "
                "libfabric and its providers, GPU memory in it, the NICs of each GPU): one line "
@@ -356,6 +398,8 @@ static void GroupOptions(CLI::App& app) {
       {"runs", "Ladder"},
       {"min-seconds", "Ladder"},
       {"topology", "Host checks"},
+      {"gpus", "Connection"},
+      {"dmabuf", "Memory"},
       {"check", "Host checks"},
       {"quiet", "Output"},
       {"verbose", "Output"},

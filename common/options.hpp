@@ -23,6 +23,9 @@ inline bool IsGpu(MemoryKind kind) {
 enum class WaitMode { kAuto, kSpin, kBlock };
 // GPU memory: handed to the provider (direct), or staged through pinned host memory.
 enum class GpuPathMode { kAuto, kDirect, kStaged };
+// How GPU memory is registered (07 --dmabuf): as a dmabuf, by its address (the NIC driver pins
+// it: nvidia_peermem, or the efa driver's own GPUDirect path), or dmabuf then address.
+enum class DmabufMode { kAuto, kOn, kOff };
 
 struct Options {
   // Connection: no peer address means "serve".
@@ -30,7 +33,8 @@ struct Options {
   std::string provider;  // empty: efa, verbs;ofi_rxm, tcp;ofi_rxm, whichever answers first
   std::string fabric;    // empty: the provider's default fabric (efa: "efa", not "efa-direct")
   std::string domain;
-  std::string topology;  // 07 --topology: plan as on the machine this hwloc XML describes
+  std::string topology;   // 07 --topology: plan as on the machine this hwloc XML describes
+  std::vector<int> gpus;  // 07 --gpus: CUDA device indices to use (empty: every one it sees)
   std::string address_file;
   std::vector<std::string> oob;  // --oob-port PORT (server) or PORT HOST (client), as given
   uint16_t oob_port = 0;         // server: also give the address on this TCP port (0: no)
@@ -42,6 +46,7 @@ struct Options {
   // Transfers (03 onward)
   MemoryKind memory = MemoryKind::kAuto;
   GpuPathMode gpu_path = GpuPathMode::kAuto;
+  DmabufMode dmabuf = DmabufMode::kAuto;  // 07 --dmabuf
   uint64_t page_size = 64 * 1024;
   uint64_t pages = 1024;
   uint64_t repeat = 1;
@@ -89,7 +94,7 @@ enum OptionGroup : unsigned {
   kLaneOptions = 1u << 5,      // --nics, --wait
   kEngineOptions = 1u << 6,    // 07's switches, --ladder (client options: a server given one
                                // is told so)
-  kHostOptions = 1u << 7,      // 07: --topology, --check
+  kHostOptions = 1u << 7,      // 07: --topology, --gpus, --check
 };
 
 // Parses a stage's command line into `options`: the groups' options, `about` for --help.

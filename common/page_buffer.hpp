@@ -64,6 +64,7 @@ struct MemoryPath {
   // with the CUDA API (it refused to do without it). --gpu-path direct refuses this path.
   bool provider_copies = false;
   bool direct_required = false;  // --gpu-path direct (or a p5's default): nothing less runs
+  bool dmabuf = false;           // direct: registered as a dmabuf (else by address: peer memory)
 };
 
 // Fills `buffer` from `offset` with the pages `ids` of data set `seed` (page_data.hpp), one

@@ -5,11 +5,13 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 
 #include "cuda_memory.hpp"
+#include "provider.hpp"
 
 namespace common {
 
@@ -107,6 +109,10 @@ HostFacts ReadHostFacts(const std::string& root) {
   h.uverbs = Names(r / "dev/infiniband", "uverbs").size();
   h.host_gpus = Names(r / "proc/driver/nvidia/gpus");
   h.nvidia_peermem = fs::exists(r / "sys/module/nvidia_peermem", ec);
+  if (fs::exists(r / "sys/module/efa_nv_peermem", ec))
+    h.efa_gpudirect = "efa_nv_peermem loaded";
+  else if (fs::exists(r / "sys/module/nvidia/holders/efa", ec))
+    h.efa_gpudirect = "efa built with GPUDirect (it holds the nvidia module)";
   std::ifstream meminfo(r / "proc/meminfo");
   for (std::string line; std::getline(meminfo, line);) {
     std::istringstream words(line);
@@ -153,10 +159,16 @@ ProcessFacts ReadProcessFacts(char** environ_list) {
   rlimit limit{};
   if (getrlimit(RLIMIT_MEMLOCK, &limit) == 0)
     p.memlock = limit.rlim_cur == RLIM_INFINITY ? UINT64_MAX : limit.rlim_cur;
+  // CAP_IPC_LOCK (bit 14 of CapEff): ib_umem_get checks RLIMIT_MEMLOCK only without it.
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);)
+    if (line.rfind("CapEff:", 0) == 0)
+      p.ipc_lock = (std::strtoull(line.c_str() + 7, nullptr, 16) >> 14) & 1;
   p.visible_gpus = CudaDeviceCount();
   p.cuda_built = CudaBuilt();
   p.cuda = CudaStatus();
   if (p.visible_gpus > 0) {
+    p.cudart = CudaRuntimeProblem();
     try {
       CudaBuffer probe(2 << 20, 0);
       p.dmabuf = probe.ExportDmabuf(probe.data(), probe.size()).get() >= 0;
@@ -235,7 +247,8 @@ std::vector<CheckLine> CheckHost(const HostFacts& host, const ProcessFacts& proc
   else if (static_cast<size_t>(gpus) < host_gpus)
     lines.push_back({Verdict::kWarn, "GPUs",
                      "this process sees " + std::to_string(gpus) + " of the host's " +
-                         std::to_string(host_gpus) + by + ": 07 uses only those and their NICs",
+                         std::to_string(host_gpus) + by +
+                         ": 07 uses those and only the NICs under their switches",
                      ask_for_gpus});
   else
     lines.push_back({Verdict::kOk, "GPUs",
@@ -246,19 +259,29 @@ std::vector<CheckLine> CheckHost(const HostFacts& host, const ProcessFacts& proc
   // Peer memory: the NIC can pin GPU pages by dmabuf or through nvidia_peermem.
   if (gpus == 0)
     lines.push_back({Verdict::kOk, "GPU peer memory", "not needed without a GPU", ""});
-  else if (process.dmabuf.value_or(false) || host.nvidia_peermem)
+  else if (process.dmabuf.value_or(false) || host.nvidia_peermem ||
+           (efa && !host.efa_gpudirect.empty()))
     lines.push_back(
         {Verdict::kOk, "GPU peer memory",
          std::string(process.dmabuf.value_or(false) ? "dmabuf export works on a test allocation"
                                                     : "no dmabuf export") +
-             (host.nvidia_peermem ? "; nvidia_peermem loaded" : ""),
+             (host.nvidia_peermem ? "; nvidia_peermem loaded" : "") +
+             (efa && !host.efa_gpudirect.empty() ? "; " + host.efa_gpudirect : ""),
          ""});
   else
     lines.push_back({efa ? Verdict::kFail : Verdict::kWarn, "GPU peer memory",
-                     "no dmabuf export of a test allocation and no nvidia_peermem: a NIC cannot "
-                     "reach GPU memory (efa would copy it through host memory)",
-                     "modprobe nvidia_peermem, or a driver and kernel with dmabuf (NVIDIA open "
-                     "kernel modules, Linux 5.12 or later)"});
+                     "no dmabuf export of a test allocation, no nvidia_peermem and no efa "
+                     "GPUDirect module: a NIC cannot reach GPU memory (efa would copy it through "
+                     "host memory)",
+                     "modprobe nvidia_peermem (or efa_nv_peermem), or a driver and kernel with "
+                     "dmabuf (NVIDIA open kernel modules, Linux 5.12 or later)"});
+  // libfabric's CUDA: a libfabric that loads the runtime at run time and cannot.
+  if (gpus > 0 && !process.cudart.empty())
+    lines.push_back({Verdict::kFail, "CUDA runtime for libfabric",
+                     process.cudart.substr(0, process.cudart.find("): ") + 1) +
+                         ": no provider offers GPU memory (FI_HMEM)",
+                     "add the CUDA toolkit's lib64 to LD_LIBRARY_PATH "
+                     "(/usr/local/cuda/lib64), where libcudart.so is"});
 
   // Huge pages: efa's buffer pools map them (MAP_HUGETLB) and fall back to small pages.
   const std::string pages = std::to_string(std::max(host.hugepages, 0L)) + " x " +
@@ -276,6 +299,11 @@ std::vector<CheckLine> CheckHost(const HostFacts& host, const ProcessFacts& proc
   // memlock: registration pins pages.
   if (process.memlock == UINT64_MAX)
     lines.push_back({Verdict::kOk, "memlock", "unlimited", ""});
+  else if (process.ipc_lock)
+    lines.push_back({Verdict::kOk, "memlock",
+                     Bytes(process.memlock) +
+                         ", but CAP_IPC_LOCK: the kernel pins registrations past the limit",
+                     ""});
   else
     lines.push_back({efa || gpus > 0 ? Verdict::kFail : Verdict::kWarn, "memlock",
                      Bytes(process.memlock) +

@@ -34,10 +34,14 @@ struct HostFacts {
   size_t uverbs = 0;                   // /dev/infiniband/uverbs*: the devices this process can open
   std::vector<std::string> host_gpus;  // /proc/driver/nvidia/gpus/*: every GPU of the host
   bool nvidia_peermem = false;         // /sys/module/nvidia_peermem: the peer-memory module
-  long hugepages = -1;                 // /proc/meminfo HugePages_Total (-1: not read)
-  long hugepage_kib = 0;               // Hugepagesize
-  int ptrace_scope = 0;                // /proc/sys/kernel/yama/ptrace_scope (0 without Yama)
-  std::string instance_type;           // /sys/class/dmi/id/product_name (EC2: "p5.48xlarge")
+  // The efa driver's own way to pin GPU pages (amzn-drivers): its peer-memory module
+  // (/sys/module/efa_nv_peermem), or an efa built with GPUDirect (HAVE_EFA_GDR), which then
+  // uses the nvidia module's P2P calls and is among its holders (/sys/module/nvidia/holders/efa).
+  std::string efa_gpudirect;
+  long hugepages = -1;        // /proc/meminfo HugePages_Total (-1: not read)
+  long hugepage_kib = 0;      // Hugepagesize
+  int ptrace_scope = 0;       // /proc/sys/kernel/yama/ptrace_scope (0 without Yama)
+  std::string instance_type;  // /sys/class/dmi/id/product_name (EC2: "p5.48xlarge")
   std::map<std::string, std::string> efa_port_state;  // device -> ports/1/state ("4: ACTIVE")
   std::string efa_driver;                             // /sys/module/efa/version
   std::vector<int> allowed_cpus;  // /proc/self/status Cpus_allowed_list: where this may run
@@ -55,6 +59,8 @@ struct ProcessFacts {
   std::optional<bool> dmabuf;              // a test allocation exported as a dmabuf (no GPU: none)
   bool cuda_built = true;                  // this build has CUDA (meson -Dcuda)
   std::string cuda;                        // CudaStatus(): versions, or the runtime's error
+  std::string cudart;     // with GPUs: why libfabric cannot load the CUDA runtime ("" if it can)
+  bool ipc_lock = false;  // CAP_IPC_LOCK in effect: the kernel pins past RLIMIT_MEMLOCK
 };
 ProcessFacts ReadProcessFacts(char** environ_list);
 

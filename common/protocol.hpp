@@ -4,6 +4,7 @@
 // validation reaches every stage at once and is unit-tested once.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -130,6 +131,11 @@ inline constexpr std::string_view kBusy = "busy: ";
 // An ERROR of request id 0 after ACCEPT whose text starts so: the server dropped the session
 // (a client silent past its --peer-timeout, told so that it ends at once when it runs again).
 inline constexpr std::string_view kSessionEnded = "session ended: ";
+// An ERROR of request id 0 before ACCEPT whose text starts so: the CONNECT is taken, and its
+// ACCEPT comes later than a client's --timeout may allow (07 rebuilds its engine for it: the
+// ladder's next rung); the client waits kOpeningWait more, once.
+inline constexpr std::string_view kWait = "wait: ";
+inline constexpr auto kOpeningWait = std::chrono::seconds(120);
 struct ErrorReply {
   uint32_t request_id = 0;  // 0 when it concerns no request
   std::string text;

@@ -8,11 +8,14 @@
 #include "address.hpp"
 #include "error.hpp"
 
+#include <dlfcn.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <set>
 
 namespace common {
@@ -44,6 +47,26 @@ static std::string Join(const std::vector<std::string>& items) {
   std::string out;
   for (const auto& item : items) out += (out.empty() ? "" : ", ") + item;
   return out;
+}
+
+std::string CudaRuntimeProblem(const char* runtime_name) {
+  // Only a libfabric that loads it asks: its file names "libcudart.so" (one built without
+  // CUDA, Debian's, does not, and its reason is another).
+  Dl_info self{};
+  if (dladdr(reinterpret_cast<void*>(&fi_getinfo), &self) == 0 || self.dli_fname == nullptr)
+    return "";
+  std::ifstream library(self.dli_fname, std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(library)), {});
+  if (bytes.find(std::string("libcudart.so") + '\0') == std::string::npos) return "";
+  void* runtime = dlopen(runtime_name, RTLD_NOW | RTLD_LOCAL);
+  if (runtime != nullptr) {
+    dlclose(runtime);
+    return "";
+  }
+  const char* error = dlerror();
+  return std::string("libfabric cannot load ") + runtime_name + " (" +
+         (error ? error : "not found") +
+         "): add the CUDA toolkit's lib64 to LD_LIBRARY_PATH (/usr/local/cuda/lib64)";
 }
 
 std::vector<std::string> AvailableProviders() {
@@ -172,6 +195,8 @@ std::vector<FiInfoPtr> SelectDomains(const fi_info& hints, const Options& option
       plain->caps &= ~FI_HMEM;
       auto domains = SelectDomains(*plain, options, peer);
       *no_hmem = std::string("none of efa, verbs;ofi_rxm, tcp;ofi_rxm offers FI_HMEM here");
+      if (const std::string cudart = CudaRuntimeProblem(); !cudart.empty())
+        *no_hmem += ": " + cudart;
       return domains;
     }
     if (!list)

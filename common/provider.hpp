@@ -51,6 +51,14 @@ std::vector<FiInfoPtr> SelectDomains(const fi_info& hints, const Options& option
                                      std::span<const uint8_t> peer = {},
                                      std::string* no_hmem = nullptr);
 
+// Why libfabric cannot load the CUDA runtime ("" if it can): a libfabric built with CUDA
+// loaded at run time (the EFA installer's, --enable-cuda-dlopen) opens "libcudart.so", the
+// unversioned name that only the toolkit's development files or its lib64 directory give
+// (2.6 src/hmem_cuda.c, cuda_hmem_dl_init); without it no provider offers FI_HMEM, and GPU
+// memory has no direct path. Tried here as libfabric tries it (this program sets no run path);
+// `runtime` is the name it opens.
+std::string CudaRuntimeProblem(const char* runtime = "libcudart.so");
+
 // The first of SelectDomains().
 FiInfoPtr SelectProvider(const fi_info& hints, const Options& options,
                          std::span<const uint8_t> peer = {}, std::string* no_hmem = nullptr);

@@ -90,6 +90,11 @@ class Reception {
     std::function<fi_addr_t(size_t, std::span<const uint8_t>)> open_lane;
     std::function<void(size_t, fi_addr_t)> close_lane;
     std::function<Opened(const wire::Connect&, fi_addr_t)> open;
+    // Before open: "" or why opening will take long (07: its engine is rebuilt for this
+    // client), which the client is told at once (ERROR wire::kWait), so that it waits.
+    std::function<std::string(const wire::Connect&)> slow_open = [](const wire::Connect&) {
+      return std::string();
+    };
   };
 
   struct Client {
@@ -418,6 +423,10 @@ class Reception {
                   token,
                   Clock::now()};
     Opened opened;
+    if (const std::string slow = hooks_.slow_open(connect); !slow.empty()) {
+      mail_.Send(id, wire::ErrorReply{0, std::string(wire::kWait) + slow});
+      mail_.Flush(std::chrono::hours(1));  // posted now, before the long work
+    }
     try {
       opened = hooks_.open ? hooks_.open(connect, id) : OpenLanes(connect, client);
     } catch (const Busy& e) {  // no room now: the client may try again (wire::kBusy)

@@ -19,7 +19,7 @@ uint64_t RandomKey(size_t key_size) {
 }
 
 MrPtr RegisterMemory(fid_domain* domain, const fi_info& info, void* data, size_t size,
-                     uint64_t access, const CudaBuffer* gpu, bool* dmabuf) {
+                     uint64_t access, const CudaBuffer* gpu, bool try_dmabuf, bool* dmabuf) {
   fi_mr_attr attr{};
   iovec iov{data, size};
   attr.mr_iov = &iov;
@@ -41,7 +41,7 @@ MrPtr RegisterMemory(fid_domain* domain, const fi_info& info, void* data, size_t
     // so VMM memory goes without it, and shm copies through host memory instead.
     if (gpu->allocation() == GpuAllocation::kMalloc) flags |= FI_HMEM_DEVICE_ONLY;
 #ifdef FI_MR_DMABUF
-    dmabuf_fd = gpu->ExportDmabuf(data, size);
+    if (try_dmabuf) dmabuf_fd = gpu->ExportDmabuf(data, size);
     if (dmabuf_fd.get() >= 0) {
       buf.fd = dmabuf_fd.get();
       buf.len = size;
@@ -49,6 +49,8 @@ MrPtr RegisterMemory(fid_domain* domain, const fi_info& info, void* data, size_t
       attr.dmabuf = &buf;
       flags |= FI_MR_DMABUF;
     }
+#else
+    (void)try_dmabuf;
 #endif
   }
   if (dmabuf != nullptr) *dmabuf = dmabuf_fd.get() >= 0;
@@ -58,10 +60,10 @@ MrPtr RegisterMemory(fid_domain* domain, const fi_info& info, void* data, size_t
 }
 
 MrPtr RegisterPages(fid_domain* domain, const fi_info& info, const PageBuffer& pages,
-                    uint64_t access) {
+                    uint64_t access, const MemoryPath& path) {
   const bool direct = pages.path() == PageBuffer::Path::kGpuDirect;
   return RegisterMemory(domain, info, pages.nic_data(), pages.size(), access,
-                        direct ? &pages.gpu() : nullptr);
+                        direct ? &pages.gpu() : nullptr, path.dmabuf);
 }
 
 // A provider that registers GPU memory moves it either with the NIC alone (GPUDirect RDMA) or
@@ -75,7 +77,7 @@ static std::string HowDirect(fid_domain* domain, const fi_info& info, bool dmabu
                              GpuAllocation allocation, bool* nic_only, bool* copies) {
   const std::string provider = info.fabric_attr->prov_name;
   std::string how = "the provider reads and writes GPU memory (FI_HMEM_CUDA" +
-                    std::string(dmabuf ? ", dmabuf)" : ")");
+                    std::string(dmabuf ? ", dmabuf)" : ", by address)");
 #if HAVE_CUDA_API_PERMITTED
   fid_ep* ep = nullptr;
   if (fi_endpoint(domain, const_cast<fi_info*>(&info), &ep, nullptr) != 0) return how;
@@ -86,7 +88,7 @@ static std::string HowDirect(fid_domain* domain, const fi_info& info, bool dmabu
   if (rc == 0) {
     *nic_only = true;
     return std::string("GPUDirect RDMA: the NIC reads and writes GPU memory itself") +
-           (dmabuf ? " (dmabuf)" : " (peer memory)");
+           (dmabuf ? " (dmabuf)" : " (by address: peer memory)");
   }
   if (rc == -FI_EOPNOTSUPP) {
     if (provider == "shm")
@@ -145,7 +147,7 @@ std::optional<bool> EmulatedWrite(fid_ep* ep) {
 }
 
 MemoryPath ChooseMemoryPath(fid_domain* domain, const fi_info& info, MemoryKind memory,
-                            GpuPathMode mode, const std::string& no_hmem) {
+                            GpuPathMode mode, const std::string& no_hmem, DmabufMode registration) {
   if (!IsGpu(memory)) return {PageBuffer::Path::kHost, ""};
   const GpuAllocation allocation =
       memory == MemoryKind::kCudaVmm ? GpuAllocation::kVmm : GpuAllocation::kMalloc;
@@ -153,17 +155,38 @@ MemoryPath ChooseMemoryPath(fid_domain* domain, const fi_info& info, MemoryKind 
     return {PageBuffer::Path::kGpuStaged, "--gpu-path staged", allocation};
   std::string why = no_hmem;
   bool dmabuf = false;
+  std::string refused;  // --dmabuf auto: why the dmabuf registration failed, if it did
   if (why.empty()) {
     // Two of what a buffer of this kind is made of (VMM: two chunks, so that the probe spans
     // more than one allocation, as a region does).
     const size_t probe_size = allocation == GpuAllocation::kVmm ? 2 * kVmmChunk : 1 << 20;
     CudaBuffer probe(probe_size, 0, allocation);
-    try {
+    const auto try_register = [&](bool try_dmabuf) {
       RegisterMemory(domain, info, probe.data(), probe.size(), FI_REMOTE_WRITE | FI_WRITE, &probe,
-                     &dmabuf);
+                     try_dmabuf, &dmabuf);
+    };
+    const std::string cannot = std::string(info.fabric_attr->prov_name) + " does not register " +
+                               (allocation == GpuAllocation::kVmm ? "VMM-mapped " : "") +
+                               "GPU memory";
+    try {
+      // dmabuf first, then by address: a dmabuf the provider refuses (an efa driver without
+      // it; AWS's NCCL plugin turned dmabuf off by default in v1.13.2-aws for this) need not
+      // stop a host whose peer-memory path works.
+      try {
+        try_register(registration != DmabufMode::kOff);
+      } catch (const Error& e) {
+        if (!dmabuf || registration != DmabufMode::kAuto) throw;
+        refused = e.what();
+        try_register(false);
+      }
+      if (registration == DmabufMode::kOn && !dmabuf)
+        why = cannot + " as a dmabuf (--dmabuf on): this driver, kernel or libfabric exports none";
     } catch (const Error& e) {
-      why = std::string(info.fabric_attr->prov_name) + " does not register " +
-            (allocation == GpuAllocation::kVmm ? "VMM-mapped " : "") + "GPU memory: " + e.what();
+      why = cannot +
+            (dmabuf ? " as a dmabuf (--dmabuf " +
+                          std::string(registration == DmabufMode::kOn ? "on" : "auto") + ")"
+                    : "") +
+            ": " + e.what() + (refused.empty() ? "" : "; as a dmabuf: " + refused);
     }
   }
   if (mode == GpuPathMode::kAuto && ExpectsGpuDirect(InstanceType())) {
@@ -173,7 +196,9 @@ MemoryPath ChooseMemoryPath(fid_domain* domain, const fi_info& info, MemoryKind 
   if (why.empty()) {
     MemoryPath path{PageBuffer::Path::kGpuDirect, "", allocation};
     path.direct_required = mode == GpuPathMode::kDirect;
+    path.dmabuf = dmabuf;
     path.why = HowDirect(domain, info, dmabuf, allocation, &path.nic_only, &path.provider_copies);
+    if (!refused.empty()) path.why += "; its dmabuf was refused (" + refused + ")";
     if (path.provider_copies && mode == GpuPathMode::kDirect)
       throw HardwareAbsent("--gpu-path direct: " + path.why);
     return path;

@@ -29,15 +29,17 @@ uint64_t RandomKey(size_t key_size);
 // Registers `size` bytes at `data` for `access` (FI_REMOTE_WRITE, FI_WRITE, FI_SEND, ...).
 // GPU memory (`gpu` set): FI_HMEM_CUDA with its device and FI_HMEM_DEVICE_ONLY (cudaMalloc'd
 // device memory; with it shm moves pages by CUDA IPC instead of host bounce buffers), as a
-// dmabuf where the headers (libfabric >= 1.20), the API version and the driver offer one.
-// `dmabuf`, when given, says whether it was one. Throws Error with libfabric's reason.
+// dmabuf where `try_dmabuf`, the headers (libfabric >= 1.20), the API version and the driver
+// offer one, else by address (the NIC's driver pins it: peer memory). `dmabuf`, when given,
+// says whether it was one. Throws Error with libfabric's reason.
 MrPtr RegisterMemory(fid_domain* domain, const fi_info& info, void* data, size_t size,
-                     uint64_t access, const CudaBuffer* gpu = nullptr, bool* dmabuf = nullptr);
+                     uint64_t access, const CudaBuffer* gpu = nullptr, bool try_dmabuf = true,
+                     bool* dmabuf = nullptr);
 
 // A PageBuffer's memory as the NIC sees it (its GPU memory on the direct path, else host or
-// pinned memory), registered as above.
+// pinned memory), registered as above, as a dmabuf where `path` found one works.
 MrPtr RegisterPages(fid_domain* domain, const fi_info& info, const PageBuffer& pages,
-                    uint64_t access);
+                    uint64_t access, const MemoryPath& path);
 
 // --memory and --gpu-path decide. With GPU memory and --gpu-path auto or direct, the provider
 // is asked (a 1 MiB GPU buffer registered on `domain`) whether it takes GPU memory; `no_hmem`
@@ -47,8 +49,12 @@ MrPtr RegisterPages(fid_domain* domain, const fi_info& info, const PageBuffer& p
 // that registers GPU memory but copies it through host memory with the CUDA API (it refuses
 // FI_OPT_CUDA_API_PERMITTED false: efa without peer-to-peer) is no direct path either: exit 77
 // under direct, "cuda-copied" in the records otherwise.
+// `registration` (07 --dmabuf): the probe registers as a dmabuf (on), by address (off), or as
+// a dmabuf and, where the provider refuses that, by address (auto); the path says which
+// worked (MemoryPath::dmabuf, and in its `why`).
 MemoryPath ChooseMemoryPath(fid_domain* domain, const fi_info& info, MemoryKind memory,
-                            GpuPathMode mode, const std::string& no_hmem);
+                            GpuPathMode mode, const std::string& no_hmem,
+                            DmabufMode registration = DmabufMode::kAuto);
 // The instance type where the machine says it (EC2: DMI's product name, "p5.48xlarge"); "".
 std::string InstanceType(const std::string& dmi = "/sys/class/dmi/id");
 // Whether GPUDirect RDMA over EFA is what the instance type is for (p4d, p4de, p5, p5e, p5en,

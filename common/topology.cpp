@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -153,6 +154,22 @@ std::vector<PciAddress> NicsOf(const Topology& topology) {
   });
 }
 
+std::vector<PciAddress> VisibleOf(const std::vector<PciAddress>& gpus, const char* visible) {
+  if (visible == nullptr || *visible == '\0') return gpus;
+  std::vector<PciAddress> seen;
+  std::stringstream items(visible);
+  std::string item;
+  while (std::getline(items, item, ',')) {
+    if (item.empty() || item.size() > 6 ||
+        item.find_first_not_of("0123456789") != std::string::npos)
+      break;
+    const unsigned long g = std::stoul(item);
+    if (g >= gpus.size()) break;
+    seen.push_back(gpus[g]);
+  }
+  return seen.empty() && !std::isdigit(static_cast<unsigned char>(visible[0])) ? gpus : seen;
+}
+
 bool PinThread(const Topology& topology, unsigned cpu, std::string& why) {
   hwloc_bitmap_t set = hwloc_bitmap_alloc();
   hwloc_bitmap_only(set, cpu);
@@ -219,14 +236,15 @@ std::string DescribePlacement(const Topology& topology) {
 }
 
 std::vector<DeviceGroup> GroupDevices(const Topology& topology, const std::vector<PciAddress>& gpus,
-                                      const std::vector<NicDevice>& nics) {
+                                      const std::vector<NicDevice>& nics,
+                                      const std::vector<int>& indices) {
   hwloc_topology_t t = topology.get();
   std::vector<DeviceGroup> groups;
   std::vector<hwloc_obj_t> gpu_objs;
   for (size_t g = 0; g < gpus.size(); ++g) {
     hwloc_obj_t obj = FindPci(t, gpus[g]);
     DeviceGroup group;
-    group.gpu = static_cast<int>(g);
+    group.gpu = g < indices.size() ? indices[g] : static_cast<int>(g);
     group.gpu_pci = gpus[g];
     group.numa = NumaOf(t, obj);
     groups.push_back(group);
@@ -243,9 +261,15 @@ std::vector<DeviceGroup> GroupDevices(const Topology& topology, const std::vecto
     if (groups.empty()) groups.push_back(DeviceGroup{});
   }
 
+  // The machine's GPUs that this process does not use: their NICs are their processes'.
+  std::vector<hwloc_obj_t> others;
+  for (const PciAddress& pci : gpus.empty() ? std::vector<PciAddress>{} : GpusOf(topology))
+    if (hwloc_obj_t obj = FindPci(t, pci);
+        obj && std::find(gpu_objs.begin(), gpu_objs.end(), obj) == gpu_objs.end())
+      others.push_back(obj);
   // NICs under a GPU's switch first; the rest are dealt afterwards.
-  std::vector<size_t> leftover;
-  std::vector<int> leftover_numa;
+  std::vector<size_t> leftover, theirs;
+  std::vector<int> leftover_numa, theirs_numa;
   for (size_t n = 0; n < nics.size(); ++n) {
     hwloc_obj_t nic = nics[n].pci ? FindPci(t, *nics[n].pci) : nullptr;
     bool placed = false;
@@ -255,10 +279,21 @@ std::vector<DeviceGroup> GroupDevices(const Topology& topology, const std::vecto
         placed = true;
       }
     }
+    const bool other_gpus = nic && std::any_of(others.begin(), others.end(), [&](hwloc_obj_t gpu) {
+                              return ShareSwitch(nic, gpu);
+                            });
     if (!placed) {
-      leftover.push_back(n);
-      leftover_numa.push_back(nic ? NumaOf(t, nic) : -1);
+      (other_gpus ? theirs : leftover).push_back(n);
+      (other_gpus ? theirs_numa : leftover_numa).push_back(nic ? NumaOf(t, nic) : -1);
     }
+  }
+  // A GPU of ours that no NIC shares a switch with, and nothing else to deal it: the other
+  // GPUs' NICs are dealt too (it runs through them, not nowhere).
+  const auto bare = std::count_if(groups.begin(), groups.end(),
+                                  [](const DeviceGroup& g) { return g.nics.empty(); });
+  if (leftover.size() < static_cast<size_t>(bare)) {
+    leftover.insert(leftover.end(), theirs.begin(), theirs.end());
+    leftover_numa.insert(leftover_numa.end(), theirs_numa.begin(), theirs_numa.end());
   }
   for (size_t i = 0; i < leftover.size(); ++i) {
     size_t best = 0;
@@ -352,16 +387,19 @@ std::string FormatGroup(const DeviceGroup& group, const std::vector<NicDevice>& 
 
 std::string FormatTotals(const std::vector<DeviceGroup>& groups,
                          const std::vector<NicDevice>& nics) {
-  size_t gpus = 0, unknown = 0;
+  size_t gpus = 0, unknown = 0, used = 0;
   double gbps = 0;
-  for (const auto& g : groups) gpus += g.gpu ? 1 : 0;
-  for (const auto& n : nics) {
-    gbps += n.link_gbps;
-    unknown += n.link_gbps > 0 ? 0 : 1;
+  for (const auto& g : groups) {
+    gpus += g.gpu ? 1 : 0;
+    for (size_t n : g.nics) {
+      gbps += nics[n].link_gbps;
+      unknown += nics[n].link_gbps > 0 ? 0 : 1;
+      ++used;
+    }
   }
   // shm and loopback have no link rate: said so, not added up as 0 Gbps.
   char total[96];
-  if (unknown == nics.size())
+  if (unknown == used)
     std::snprintf(total, sizeof(total), "link rate unknown");
   else if (unknown > 0)
     std::snprintf(total, sizeof(total), "%g Gbps and %zu NIC%s of unknown rate", gbps, unknown,
@@ -369,8 +407,7 @@ std::string FormatTotals(const std::vector<DeviceGroup>& groups,
   else
     std::snprintf(total, sizeof(total), "%g Gbps", gbps);
   char line[160];
-  std::snprintf(line, sizeof(line), "GPUs: %zu, NICs: %zu, Total Bandwidth: %s", gpus, nics.size(),
-                total);
+  std::snprintf(line, sizeof(line), "GPUs: %zu, NICs: %zu, Total Bandwidth: %s", gpus, used, total);
   return line;
 }
 

@@ -53,14 +53,19 @@ class Topology {
 // Groups NICs, a NUMA node and cores around each GPU:
 //  - a NIC goes to the GPU it shares a PCIe switch with (their closest common ancestor is a
 //    PCI-to-PCI bridge, not a host bridge or anything above);
+//  - a NIC under the switch of one of the machine's other GPUs (one this process does not
+//    use: CUDA_VISIBLE_DEVICES, a one-GPU pod, --gpus) is that GPU's process's, and in no
+//    group; unless a GPU used here would have no NIC at all, then it is dealt as below;
 //  - a NIC that shares no switch with any GPU (on no switch, under a host bridge of its
 //    own, or without PCI attributes: veth, lo, shm) goes to the group with the fewest NICs,
 //    preferring its own NUMA node, then the lowest GPU index: dealt round-robin;
 //  - each group's cores are its NUMA node's cores, split evenly among the node's groups in
 //    GPU order;
-//  - with no GPU, there is one host-memory group per NUMA node that has cores.
+//  - with no GPU, there is one host-memory group per NUMA node that has cores, and every NIC.
+// `gpus` are the GPUs used, `indices` their CUDA device indices (default: 0, 1, ...).
 std::vector<DeviceGroup> GroupDevices(const Topology& topology, const std::vector<PciAddress>& gpus,
-                                      const std::vector<NicDevice>& nics);
+                                      const std::vector<NicDevice>& nics,
+                                      const std::vector<int>& indices = {});
 
 // Whether the topology is this machine's (hwloc_topology_is_thissystem): one read from XML
 // describes another, and binding threads or memory with it means nothing here.
@@ -70,6 +75,10 @@ bool IsThisSystem(const Topology& topology);
 // rehearsal of that machine (07 --topology) pairs and groups.
 std::vector<PciAddress> GpusOf(const Topology& topology);
 std::vector<PciAddress> NicsOf(const Topology& topology);
+// The GPUs a process given CUDA_VISIBLE_DEVICES (`visible`, may be null) would see, in its
+// order: its indices up to the first entry that is not one (CUDA stops there too); all of
+// them when unset or when it names GPUs by UUID, which a topology file cannot resolve.
+std::vector<PciAddress> VisibleOf(const std::vector<PciAddress>& gpus, const char* visible);
 
 // Binds the calling thread to one PU (os index). False (and the reason in `why`) where the
 // operating system refuses, e.g. a CPU outside the process's allowed set.
@@ -124,7 +133,7 @@ std::string FormatCpuList(const std::vector<unsigned>& cpus);
 
 // "cuda:0(53:00.0) NUMA0 CPU 0-11 rdmap79s0 (4f:00.0) ...", as the published programs did.
 std::string FormatGroup(const DeviceGroup& group, const std::vector<NicDevice>& nics);
-// "GPUs: 8, NICs: 32, Total Bandwidth: 3200 Gbps"
+// "GPUs: 8, NICs: 32, Total Bandwidth: 3200 Gbps": the groups' GPUs and NICs.
 std::string FormatTotals(const std::vector<DeviceGroup>& groups,
                          const std::vector<NicDevice>& nics);
 

@@ -161,12 +161,26 @@ def field_rows(text, names):
     return rows
 
 
+def busy_nics(text):
+    """Per JSON record in `text`, "BUSY/ALL": how many of its NICs carried bytes (the client's
+    own count of what each NIC's lanes received) of those it used; '' where a record lists no
+    NICs. A per-NIC rate divides by BUSY, not by the lanes asked for (bench-fabtests)."""
+    counts = []
+    for record in json_records(text, as_written=True):
+        nics = record.get("nics") or []
+        busy = sum(1 for n in nics if n.get("bytes", 0) > 0)
+        counts.append(f"{busy}/{len(nics)}" if nics else "")
+    return counts
+
+
 def main(argv, stdin):
     """The shell scripts' entry: `benchlib.py field NAME` (each record's NAME), `benchlib.py
     fields NAME...` (a tab-separated row per record) and `benchlib.py median` (of the numbers,
     one a line; '-' when there are none)."""
     if len(argv) == 2 and argv[0] == "field":
         return "\n".join(field_values(stdin, argv[1]))
+    if argv == ["busy-nics"]:
+        return "\n".join(busy_nics(stdin))
     if len(argv) >= 2 and argv[0] == "fields":
         return "\n".join(field_rows(stdin, argv[1:]))
     if argv == ["median"]:  # as the figures were written: the middle one's text, if odd
@@ -189,7 +203,8 @@ def main(argv, stdin):
         return runs_removed(argv[1], argv[2])
     if len(argv) == 2 and argv[0] == "spread":
         return spread_percent(argv[1])
-    raise SystemExit("usage: benchlib.py field NAME | fields NAME... | median (input on stdin)"
+    raise SystemExit("usage: benchlib.py field NAME | fields NAME... | busy-nics | median"
+                     " (input on stdin)"
                      " | verdict BELOW THIS up|down | removed BELOW THIS | spread RUNS")
 
 

@@ -159,6 +159,47 @@ TEST(Cluster, FullEngineOnFourNics) {
   EXPECT_NE(server.out.find("NIC counters: 4 NICs sent "), std::string::npos) << server.out;
 }
 
+// Pages are dealt to lanes as one deck across requests: 2 or 3 pages a request over 4 NICs
+// still load every NIC equally (page i on lane i % lanes left NICs 2 and 3 at 0 bytes with
+// --pages 2), by each lane's count of what it received and by the NIC's own counter. A run of
+// fewer pages than lanes is refused, naming the lanes that would be idle.
+TEST(Cluster, FewPagesAreDealtToEveryLane) {
+  MiniCluster mc(kNics, 1000);
+  ASSERT_TRUE(mc.ok()) << mc.log();
+  TempDir dir;
+  const std::string address_file = dir.path() + "/addr";
+  Process server(mc.On("A", {StageBinary("07_full_p5"), "-p", "tcp", "--memory", "host", "--nics",
+                             "4", "--exit-after", "2", "--address-file", address_file}));
+  const std::string address = WaitForLine(address_file, 20s);
+  ASSERT_FALSE(address.empty()) << server.Output();
+  const auto client = [&](std::vector<std::string> args) {
+    std::vector<std::string> command = {
+        StageBinary("07_full_p5"), "-p", "tcp", address, "--memory", "host", "--nics", "4"};
+    command.insert(command.end(), args.begin(), args.end());
+    return RunToEnd(mc.On("B", command), 60s);
+  };
+  Result refused = client({"--pages", "1", "--requests", "2"});
+  EXPECT_EQ(refused.exit_code, 2) << refused.out << refused.err;
+  EXPECT_NE(refused.err.find("2 pages over 4 lanes: lanes 2-3 would carry nothing"),
+            std::string::npos)
+      << refused.err;
+  for (const char* pages : {"2", "3"}) {
+    Result r =
+        client({"-S", "64k", "--pages", pages, "--requests", "8", "--repeat", "4", "--json"});
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err << server.Output();
+    const long long share = std::stoll(pages) * 8 * 4 * 65536 / kNics;
+    for (int i = 0; i < kNics; ++i) {
+      const std::string nic = "{\"name\":\"" + mc.name() + "b" + std::to_string(i) + "\",";
+      ASSERT_NE(r.out.find(nic), std::string::npos) << r.out;
+      EXPECT_EQ(NumberAfter(r.out, nic + "\"bytes\":"), share)
+          << "--pages " << pages << " NIC " << i;
+      EXPECT_GE(NumberAfter(r.out.substr(r.out.find(nic)), "\"wire_bytes\":"), share)
+          << "--pages " << pages << " NIC " << i << ": " << r.out;
+    }
+  }
+  EXPECT_EQ(server.Wait(30s).exit_code, 0) << server.Output();
+}
+
 // A NIC down for good mid-transfer (07 does not fail over, README.md "When a NIC fails"):
 // the client ends in bounded time, exit 1, naming that NIC's lane and its link down, with no
 // crash; the server drops the silent client and serves the next one on the
@@ -583,6 +624,31 @@ TEST(Cluster, P5DressRehearsal) {
     const size_t from = server.out.rfind('\n', at) + 1;
     std::printf("server: %s\n", server.out.substr(from, server.out.find('\n', at) - from).c_str());
   }
+
+  // One process per GPU, as many p5 jobs run: CUDA_VISIBLE_DEVICES=3 on both sides (the client
+  // picks that one again by --gpus 0, its index among those it sees): GPU 3's 4 NICs, one
+  // thread, a 400 Gbps header, the other 28 NICs left to the other GPUs' processes.
+  setenv("CUDA_VISIBLE_DEVICES", "3", 1);
+  Result one_server;
+  Result one = Transfer(mc, "07_full_p5", {"--topology", fixture},
+                        {"--topology", fixture, "--gpus", "0", "-S", "16k", "--pages", "64",
+                         "--requests", "2", "--json", "--timeout", "60"},
+                        &one_server);
+  unsetenv("CUDA_VISIBLE_DEVICES");
+  ASSERT_EQ(one.exit_code, 0) << one.out << one.err << one_server.out << one_server.err;
+  for (const auto& [header, h] :
+       {std::pair{one.err, b}, std::pair{one_server.out, mc.name() + "a"}}) {
+    EXPECT_NE(header.find("GPUs: 1, NICs: 4, "), std::string::npos) << header;
+    EXPECT_NE(header.find("cuda:0(86:00.0) NUMA0 CPU 0-47 " + h + "12 (82:00.0) " + h +
+                          "13 (83:00.0) " + h + "14 (84:00.0) " + h + "15 (85:00.0)\n"),
+              std::string::npos)
+        << header;
+    EXPECT_NE(header.find("28 other NICs under GPUs this process does not use"), std::string::npos)
+        << header;
+  }
+  EXPECT_EQ(NumberAfter(one.out, "\"lanes\":"), 4) << one.out;
+  EXPECT_EQ(NumberAfter(one.out, "\"verified_bytes\":"), 64LL * 16384 * 2) << one.out;
+  EXPECT_NE(one_server.out.find("4 lanes, 1 thread"), std::string::npos) << one_server.out;
 }
 
 TEST(Cluster, NoNamespaceLeftBehind) {

@@ -45,7 +45,7 @@ TEST(GpuMemory, RegistersFromANewThread) {
   MrPtr main_mr;
   try {
     main_mr = RegisterMemory(e.domain.get(), *info, first.data(), first.size(), access, &first,
-                             &main_dmabuf);
+                             true, &main_dmabuf);
   } catch (const Error& ex) {  // libfabric 1.17 lists FI_HMEM, but was built without CUDA
     GTEST_SKIP() << "shm does not register GPU memory with libfabric " << VersionText(fi_version())
                  << ": " << ex.what();
@@ -60,7 +60,7 @@ TEST(GpuMemory, RegistersFromANewThread) {
     try {
       thread_export = second.ExportDmabuf(second.data(), second.size()).get() >= 0;
       MrPtr mr = RegisterMemory(e.domain.get(), *info, second.data(), second.size(), access,
-                                &second, &thread_dmabuf);
+                                &second, true, &thread_dmabuf);
       std::vector<uint8_t> bytes(4096, 0x5a), back(4096);
       second.CopyFromHost(0, bytes.data(), bytes.size());
       second.CopyToHost(back.data(), 0, back.size());

@@ -79,6 +79,11 @@ class ShellEntry(unittest.TestCase):
         self.assertEqual(benchlib.main(["fields", "writes", "engine.placement", "engine.locks"],
                                        text), "8\tcpus 0\t0\n9\t\t")
 
+    def test_busy_nics_count_those_that_carried_bytes(self):
+        text = ('{"nics":[{"name":"a","bytes":8},{"name":"b","bytes":0},{"name":"c","bytes":3}]}\n'
+                '{"nics":[]}\n{"gbps":1}\n')
+        self.assertEqual(benchlib.main(["busy-nics"], text), "2/3\n\n")
+
     def test_verdicts_from_runs(self):
         self.assertEqual(benchlib.main(["verdict", "1.0 1.1 1.2", "1.3 1.4 1.5", "up"], ""), "gain")
         self.assertEqual(benchlib.main(["verdict", "9 8 7", "3 2 1", "down"], ""), "gain")

@@ -5,7 +5,8 @@ demand of it (there is no cluster here: these are the rules they apply, checked 
 - huge pages beside a cpu or memory request (the API server refuses hugepages alone), and
   equal requests and limits for huge pages and for extended resources (they cannot be
   overcommitted); Guaranteed QoS (cpu and memory requests equal to limits, whole CPUs), which
-  the kubelet's static CPU manager needs to give the data threads cores of their own;
+  a kubelet with the static CPU manager policy (not EKS's default) needs to give the data
+  threads cores of their own;
 - a whole p5 per pod: nvidia.com/gpu 8, vpc.amazonaws.com/efa 32, on two nodes;
 - IPC_LOCK (registering memory pins it), a HugePages volume;
 - the address exchange by TCP (--oob-port): the server gives it on a port, a headless Service
@@ -98,6 +99,15 @@ for name, pod in pods.items():
               == (str(oob_ports[0] if oob_ports else ""), service_name),
               f"{name}: takes the address from the Service's name and port")
         check(script.rstrip().endswith("--ladder"), f"{name}: runs the ladder")
+        check("--timeout" in script, f"{name}: --timeout given (the ladder's waits)")
+        (init,) = spec.get("initContainers", [{}])
+        wait = " ".join(init.get("args", []))
+        m = re.search(r"timeout (\d+) .*?/dev/tcp/(\S+)/(\d+)", wait)
+        check(m is not None and m.group(2) == service_name and int(m.group(3)) in oob_ports
+              and 600 <= int(m.group(1)) < spec.get("activeDeadlineSeconds", 0),
+              f"{name}: waits for the server's port, bounded, longer than a cold image pull")
+    check(0 < spec.get("activeDeadlineSeconds", 0) <= 86400,
+          f"{name}: activeDeadlineSeconds (no pod waits for ever)")
 
 image = open(sys.argv[1] + "/docs/kubernetes/Containerfile").read()
 check(re.search(r"^FROM .*nvidia/cuda|^ARG CUDA_IMAGE=nvidia/cuda:", image, re.M) is not None,
@@ -122,6 +132,9 @@ if len(sys.argv) > 2 and not failed:
     def script(pod):
         c = pods[pod]["spec"]["containers"][0]
         text = " ".join(c["args"]).replace(f"--oob-port {oob_ports[0]}", f"--oob-port {port}")
+        for init in pods[pod]["spec"].get("initContainers", []):  # its init container first
+            text = " ".join(init["args"]) + " && " + text
+        text = text.replace(f"/dev/tcp/{service_name}/{oob_ports[0]}", f"/dev/tcp/127.0.0.1/{port}")
         text = text.replace(f" {service_name} ", " 127.0.0.1 ")
         text = text.replace("build-libfabric-*/07_full_p5/07_full_p5", build + "/07_full_p5/07_full_p5 -p shm")
         return text.replace("--memory cuda", "--memory host")

@@ -231,8 +231,8 @@ TEST(Preflight, GpusConfinedOrHidden) {
   auto lines = CheckHost(ReadHostFacts(t.root()), p);
   EXPECT_EQ(Line(lines, "GPUs").verdict, Verdict::kWarn);
   EXPECT_EQ(Line(lines, "GPUs").detail,
-            "this process sees 1 of the host's 8 (CUDA_VISIBLE_DEVICES=0): 07 uses only those and "
-            "their NICs");
+            "this process sees 1 of the host's 8 (CUDA_VISIBLE_DEVICES=0): 07 uses those and only "
+            "the NICs under their switches");
   EXPECT_EQ(PreflightExitCode(lines), 0);
 
   p.visible_gpus = 0;  // a Slurm step that asked for no GPU, where Slurm confines devices
@@ -259,6 +259,63 @@ TEST(Preflight, NoPeerMemory) {
   lines = CheckHost(ReadHostFacts(t.root()), p);
   EXPECT_EQ(Line(lines, "GPU peer memory").verdict, Verdict::kOk);
   EXPECT_EQ(Line(lines, "GPU peer memory").detail, "no dmabuf export; nvidia_peermem loaded");
+}
+
+// The efa driver pins GPU pages itself where it has its own peer-memory module
+// (amzn-drivers' efa_nv_peermem) or was built with GPUDirect (it then holds the nvidia module):
+// neither dmabuf nor nvidia_peermem is needed for efa then.
+TEST(Preflight, EfasOwnGpuDirectIsPeerMemory) {
+  for (const char* dir : {"sys/module/efa_nv_peermem", "sys/module/nvidia/holders/efa"}) {
+    Tree t;
+    MakeP5(t);
+    t.Dir(dir);
+    ProcessFacts p = P5Process();
+    p.dmabuf = false;
+    const auto lines = CheckHost(ReadHostFacts(t.root()), p);
+    EXPECT_EQ(Line(lines, "GPU peer memory").verdict, Verdict::kOk) << dir;
+    EXPECT_EQ(Line(lines, "GPU peer memory").detail,
+              std::string("no dmabuf export; ") +
+                  (std::string(dir).find("holders") != std::string::npos
+                       ? "efa built with GPUDirect (it holds the nvidia module)"
+                       : "efa_nv_peermem loaded"));
+  }
+}
+
+// A libfabric that loads the CUDA runtime at run time and cannot: its own line, with its fix,
+// and the run is not ready (no provider would offer GPU memory).
+TEST(Preflight, CudaRuntimeLibfabricCannotLoad) {
+  Tree t;
+  MakeP5(t);
+  ProcessFacts p = P5Process();
+  p.cudart =
+      "libfabric cannot load libcudart.so (libcudart.so: cannot open shared object file: "
+      "No such file or directory): add the CUDA toolkit's lib64 to LD_LIBRARY_PATH "
+      "(/usr/local/cuda/lib64)";
+  const auto lines = CheckHost(ReadHostFacts(t.root()), p);
+  const CheckLine& line = Line(lines, "CUDA runtime for libfabric");
+  EXPECT_EQ(line.verdict, Verdict::kFail);
+  EXPECT_EQ(line.detail,
+            "libfabric cannot load libcudart.so (libcudart.so: cannot open shared object file: No "
+            "such file or directory): no provider offers GPU memory (FI_HMEM)");
+  EXPECT_NE(line.fix.find("LD_LIBRARY_PATH"), std::string::npos);
+  EXPECT_EQ(PreflightExitCode(lines), 1);
+  p.cudart.clear();  // one that loads it has no such line
+  for (const auto& l : CheckHost(ReadHostFacts(t.root()), p))
+    EXPECT_NE(l.name, "CUDA runtime for libfabric");
+}
+
+// RLIMIT_MEMLOCK does not hold a process with CAP_IPC_LOCK (ib_umem_get checks it only
+// without): a finite limit there is fine, as in the pods, which add IPC_LOCK for this.
+TEST(Preflight, IpcLockLiftsTheMemlockLimit) {
+  Tree t;
+  MakeP5(t);
+  ProcessFacts p = P5Process();
+  p.memlock = 64 << 10;
+  p.ipc_lock = true;
+  const auto lines = CheckHost(ReadHostFacts(t.root()), p);
+  EXPECT_EQ(Line(lines, "memlock").verdict, Verdict::kOk);
+  EXPECT_EQ(Line(lines, "memlock").detail,
+            "64 KiB, but CAP_IPC_LOCK: the kernel pins registrations past the limit");
 }
 
 TEST(Preflight, NoHugePagesMemlockPtraceAndVariables) {

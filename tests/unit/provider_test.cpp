@@ -60,6 +60,20 @@ TEST(Provider, ApiVersionIsTheHeaders) {
 
 // libfabric 2.x lists efa-direct before efa for each NIC (prov/efa/src/efa_prov.c): taking
 // the first entry would pick efa-direct by accident.
+// libfabric's own dlopen of the CUDA runtime, tried as it tries it: here the runtime loads; a
+// name that is nowhere is named with the fix by a libfabric that loads CUDA (2.x built with
+// it), and is no concern of one built without (Debian's 1.17 names no libcudart.so).
+TEST(Provider, CudaRuntimeAsLibfabricLoadsIt) {
+  EXPECT_EQ(CudaRuntimeProblem(), "");
+  const std::string absent = CudaRuntimeProblem("libno-such-cudart.so");
+  if (FI_MAJOR(fi_version()) >= 2) {
+    EXPECT_EQ(absent.rfind("libfabric cannot load libno-such-cudart.so (", 0), 0u) << absent;
+    EXPECT_NE(absent.find("LD_LIBRARY_PATH (/usr/local/cuda/lib64)"), std::string::npos);
+  } else {
+    EXPECT_EQ(absent, "");
+  }
+}
+
 TEST(Provider, EfaMeansTheEfaFabricUnlessAskedOtherwise) {
   FiInfoPtr list = List(
       {Entry("efa", "efa-direct", "rdmap79s0-rdm", 4), Entry("efa", "efa", "rdmap79s0-rdm", 4),

@@ -87,6 +87,56 @@ TEST(GroupDevices, P5MatchesThePublishedTable) {
   }
 }
 
+// One process per GPU (CUDA_VISIBLE_DEVICES=3, a one-GPU pod, --gpus 3): GPU 3 with the 4 NICs
+// under its switch and none of the 28 under the other GPUs', which are their processes'. Its
+// CUDA index is the one given. The totals count what it uses: 400 Gbps, not 3200.
+TEST(GroupDevices, OneGpuOfAP5UsesItsOwnNicsOnly) {
+  const Topology topology = Topology::FromXml(Fixture("p5.xml"));
+  std::vector<NicDevice> nics;
+  for (const PciAddress& pci : NicsOf(topology)) nics.push_back({"efa", pci, 100});
+  const std::vector<PciAddress> seen = VisibleOf(GpusOf(topology), "3");
+  ASSERT_EQ(seen.size(), 1u);
+  EXPECT_EQ(seen[0].Short(), "86:00.0");
+  const auto groups = GroupDevices(topology, seen, nics, {0});
+  ASSERT_EQ(groups.size(), 1u);
+  EXPECT_EQ(groups[0].gpu, 0);
+  EXPECT_EQ(FormatTotals(groups, nics), "GPUs: 1, NICs: 4, Total Bandwidth: 400 Gbps");
+  std::vector<int> buses;
+  for (size_t n : groups[0].nics) buses.push_back(nics[n].pci->bus);
+  EXPECT_EQ(buses, (std::vector<int>{0x82, 0x83, 0x84, 0x85}));
+  // Two of the eight by --gpus, each with its own four, under the indices given.
+  const auto two = GroupDevices(topology, {GpusOf(topology)[1], GpusOf(topology)[6]}, nics, {1, 6});
+  ASSERT_EQ(two.size(), 2u);
+  EXPECT_EQ(two[0].gpu, 1);
+  EXPECT_EQ(two[1].gpu, 6);
+  EXPECT_EQ(FormatTotals(two, nics), "GPUs: 2, NICs: 8, Total Bandwidth: 800 Gbps");
+  // NICs of no switch (shm, veth) are anyone's: dealt to the GPU used, as before.
+  const auto veth = GroupDevices(topology, seen, {{"veth0", std::nullopt, 1}, nics[0]});
+  ASSERT_EQ(veth.size(), 1u);
+  EXPECT_EQ(FormatGroup(veth[0], {{"veth0", std::nullopt, 1}, nics[0]}),
+            "cuda:0(86:00.0) NUMA0 CPU 0-47 veth0");
+  // A GPU used here with no NIC of its own and nothing else to deal: it borrows the others'
+  // rather than run through none.
+  const auto bare = GroupDevices(topology, seen, {nics[0], nics[1]});
+  ASSERT_EQ(bare.size(), 1u);
+  EXPECT_EQ(bare[0].nics.size(), 2u);
+}
+
+// CUDA_VISIBLE_DEVICES as CUDA reads it, for a rehearsal: indices in the order given, up to
+// the first that is not one; UUIDs (which a topology file cannot resolve) or unset: all.
+TEST(Topology, VisibleGpusOfARehearsal) {
+  const std::vector<PciAddress> gpus = {Pci("10:00.0"), Pci("20:00.0"), Pci("30:00.0")};
+  EXPECT_EQ(VisibleOf(gpus, nullptr).size(), 3u);
+  EXPECT_EQ(VisibleOf(gpus, "").size(), 3u);
+  const auto two = VisibleOf(gpus, "2,0");
+  ASSERT_EQ(two.size(), 2u);
+  EXPECT_EQ(two[0].Short(), "30:00.0");
+  EXPECT_EQ(two[1].Short(), "10:00.0");
+  EXPECT_EQ(VisibleOf(gpus, "1,7,0").size(), 1u);  // CUDA stops at an index it has not
+  EXPECT_EQ(VisibleOf(gpus, "GPU-8f6e1c2a-0000-0000-0000-000000000000").size(), 3u);
+  EXPECT_TRUE(VisibleOf(gpus, "5").empty());
+}
+
 // The odd machine: GPU 1's switch has no NIC, and one NIC is on no switch at all. Documented
 // answer (topology.hpp): NICs that share no switch with a GPU go to the group with the fewest
 // NICs, preferring their NUMA node, then the lowest GPU index; NICs without PCI likewise.
