@@ -157,7 +157,8 @@ std::vector<CheckLine> GpuPathLines(const Plan& plan, bool gpus, bool efa_device
                                                GpuPathMode::kAuto, no_hmem, options.dmabuf);
       const bool on_efa = provider == "efa";
       const std::string detail = provider + ": " + DescribeMemoryPath(path);
-      if (path.nic_only || (path.path == PageBuffer::Path::kGpuDirect && !on_efa))
+      if (!path.provider_copies &&
+          (path.nic_only || (path.path == PageBuffer::Path::kGpuDirect && !on_efa)))
         lines.push_back({Verdict::kOk, "GPU memory in libfabric", detail, ""});
       else
         lines.push_back({efa_devices ? Verdict::kFail : Verdict::kWarn, "GPU memory in libfabric",
@@ -165,6 +166,9 @@ std::vector<CheckLine> GpuPathLines(const Plan& plan, bool gpus, bool efa_device
                          path.path == PageBuffer::Path::kGpuStaged
                              ? "a libfabric built with CUDA (the EFA installer's: "
                                "LIBFABRIC=/opt/amazon/efa)"
+                         : Has(Quirk::kCopiesGpuThroughSockets, *probe.info)
+                             ? "an RDMA NIC's provider (-p efa, verbs) where the host has one: "
+                               "tcp always copies"
                              : "GPUDirect RDMA: dmabuf or nvidia_peermem (the line above)"});
     } catch (const std::exception& e) {  // direct where the instance is made for it, and not here
       lines.push_back({Verdict::kFail, "GPU memory in libfabric", provider + ": " + e.what(),

@@ -67,6 +67,13 @@ constexpr QuirkRow kRows[] = {
      "a WRITE posted with FI_MORE waits for the next post without it, which rings the "
      "device's doorbell once (shm, tcp and rxm send each WRITE as it is posted)",
      "2.6 prov/efa/src/efa_data_path_ops.h (ibv_wr_complete)"},
+    // What 07 calls its GPU path over tcp: copied by the provider, not GPUDirect RDMA.
+    {Quirk::kCopiesGpuThroughSockets, "tcp;ofi_rxm", kAny, 0,
+     "takes GPU memory (FI_HMEM) and copies it between the GPU and its sockets' host buffers "
+     "itself; it accepts FI_OPT_CUDA_API_PERMITTED false (rxm's direct send hands the GPU "
+     "buffer to tcp), but no NIC reads GPU memory",
+     "2.6 prov/rxm/src/rxm_ep.c, rxm_ep_setopt (FI_OPT_CUDA_API_PERMITTED); prov/tcp sends "
+     "through the kernel's sockets"},
 };
 
 }  // namespace

@@ -23,6 +23,7 @@ enum class Quirk {
   kCompletesBeforeDelivery,    // a small WRITE completes before its target has it
   kHoldsCommandUntilAnswered,  // a delivery-complete WRITE holds a command until answered
   kReadsMore,                  // FI_MORE on a WRITE is read: the doorbell waits for the last
+  kCopiesGpuThroughSockets,    // takes GPU memory, copies it through host buffers itself
 };
 
 struct QuirkRow {

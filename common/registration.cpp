@@ -8,6 +8,7 @@
 #include <random>
 
 #include "error.hpp"
+#include "provider_quirks.hpp"
 
 namespace common {
 
@@ -85,6 +86,13 @@ static std::string HowDirect(fid_domain* domain, const fi_info& info, bool dmabu
   const int rc = fi_setopt(&ep->fid, FI_OPT_ENDPOINT, FI_OPT_CUDA_API_PERMITTED, &permitted,
                            sizeof(permitted));
   fi_close(&ep->fid);
+  if (rc == 0 && Has(Quirk::kCopiesGpuThroughSockets, info)) {  // a socket provider
+    *nic_only = true;
+    *copies = true;
+    return provider +
+           " copies GPU memory to and from its sockets itself (no NIC reads GPU memory: no "
+           "GPUDirect RDMA)";
+  }
   if (rc == 0) {
     *nic_only = true;
     return std::string("GPUDirect RDMA: the NIC reads and writes GPU memory itself") +

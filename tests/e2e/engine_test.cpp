@@ -610,6 +610,16 @@ TEST_P(Engine, ACrowdIsServedOrToldBusy) {
   const long long queue = NumberAfter(probe.err, "the provider's queue holds ");
   ASSERT_GT(queue, 0) << probe.err;
   const std::string window = std::to_string(queue);
+  // The capacity it stated at start: clients of the default window that its lanes' queues
+  // take at once (one queue's worth where killed clients keep commands, else two), and
+  // --max-clients.
+  const long long turns = HoldsCommands(provider()) ? 1 : 2;
+  const std::string capacity = "capacity: " + std::to_string(std::min(64LL, turns * queue / 64)) +
+                               " clients of -W 64 at once (" + std::to_string(turns) +
+                               " x a lane's queue of " + window + " WRITEs; --max-clients 64)";
+  EXPECT_NE(server.process().Output().find(capacity), std::string::npos)
+      << capacity << "\n"
+      << server.process().Output();
   std::vector<Process> crowd;
   for (int i = 0; i < 8; ++i)  // each a few seconds long, so that all come while two are served
     crowd.push_back(

@@ -134,7 +134,13 @@ void Poll(Peer& p) {
           ++p.received;
           try {
             auto m = wire::Decode({p.buffer.data() + kBig, e.len});
-            if (auto* err = std::get_if<wire::ErrorReply>(&m)) p.last_text = err->text;
+            // "wait: " answers nothing yet (07 rebuilds its engine first): its ACCEPT or
+            // ERROR is the answer, as for a client.
+            if (auto* err = std::get_if<wire::ErrorReply>(&m);
+                err && err->text.rfind(wire::kWait, 0) == 0)
+              --p.received;
+            else if (err)
+              p.last_text = err->text;
             if (auto* a = std::get_if<wire::Accept>(&m)) {
               p.last_text = "ACCEPT";
               p.session = a->session;

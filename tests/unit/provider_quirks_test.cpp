@@ -20,7 +20,7 @@ TEST(ProviderQuirks, EachRowIsWhole) {
       EXPECT_LT(row.from, row.until) << row.behaviour;
     }
   }
-  EXPECT_EQ(seen.size(), static_cast<size_t>(Quirk::kReadsMore) + 1);  // every quirk has one
+  EXPECT_EQ(seen.size(), static_cast<size_t>(Quirk::kCopiesGpuThroughSockets) + 1);  // each one
 }
 
 TEST(ProviderQuirks, VersionsAtTheEdges) {
