@@ -260,6 +260,7 @@ class ClientSession {
   std::string refused_;
   bool accepted_ = false;
   Clock::duration told_to_wait_{};  // the server's ERROR wire::kWait: its ACCEPT comes later
+  std::string served_as_is_;        // the server's ERROR wire::kAsIs: the engine that serves us
   // Only our server's messages count: whoever reaches our control endpoint can send it
   // anything, and it is dropped and counted. Each request is answered once (DONE or ERROR): a
   // second answer, or one for a request we never made, is no answer of our server's.
@@ -514,6 +515,12 @@ void ClientSession::OnRefused(const wire::ErrorReply& error) {
                     error.text.substr(wire::kWait.size()).c_str(),
                     FormatSeconds(told_to_wait_).c_str());
     }
+    return;
+  }
+  if (!accepted_ && error.text.rfind(wire::kAsIs, 0) == 0) {
+    served_as_is_ = error.text.substr(wire::kAsIs.size());
+    if (print_)
+      std::printf("the server serves us with its engine as it is: %s\n", served_as_is_.c_str());
     return;
   }
   if (!accepted_ && error.text.rfind(wire::kBusy, 0) == 0)
@@ -849,6 +856,7 @@ Summary ClientSession::Run() {
   const uint64_t verified = Verify();
   Summary summary = Summarize(timing, verified);
   summary.verify_seconds = std::chrono::duration<double>(Clock::now() - checking).count();
+  summary.served_as_is = served_as_is_;
   return summary;
 }
 Summary RunSession(const Options& options, std::span<const uint8_t> peer, wire::Engine engine,
@@ -958,9 +966,17 @@ int RunLadder(const Options& given, std::span<const uint8_t> peer) {
       runs.push_back(RunSession(options, peer, rungs[i].engine, rungs[i].warm,
                                 i == 0 && n == 0 && given.min_seconds == 0));
       rates.push_back(Gbps(runs.back().bytes, runs.back().seconds));
-      std::printf("ladder: %s, run %llu: %.3f Gbps in %.3f s\n", rungs[i].name.c_str(),
-                  static_cast<unsigned long long>(n + 1), rates.back(), runs.back().seconds);
+      std::printf(
+          "ladder: %s, run %llu: %.3f Gbps in %.3f s%s\n", rungs[i].name.c_str(),
+          static_cast<unsigned long long>(n + 1), rates.back(), runs.back().seconds,
+          runs.back().served_as_is.empty()
+              ? ""
+              : (" (served by the engine as it was: " + runs.back().served_as_is + ")").c_str());
     }
+    // A run served by another engine than its rung's (another client was on) does not
+    // measure the rung: its row says so.
+    const bool as_is = std::any_of(runs.begin(), runs.end(),
+                                   [](const Summary& r) { return !r.served_as_is.empty(); });
     if (i == 0) {
       rungs[0].name = std::to_string(runs[0].lanes) + " " + rungs[0].name;
       std::printf(
@@ -969,7 +985,7 @@ int RunLadder(const Options& given, std::span<const uint8_t> peer) {
     }
     Summary s = RungSummary(runs, i == 0 ? std::vector<double>{} : below);
     below = rates;
-    s.step = rungs[i].name;
+    s.step = rungs[i].name + (as_is ? " (not its engine: another client was on)" : "");
     const double gbps = Gbps(s.bytes, s.seconds);
     char percent[32] = "-";  // unknown without a link rate (--link-gbps)
     if (s.link_gbps > 0) std::snprintf(percent, sizeof(percent), "%.1f", 100 * gbps / s.link_gbps);

@@ -570,13 +570,18 @@ void Engine::Build(const Shape& wanted) {
                 std::to_string(static_cast<int>(open_s)) + " s");
   cores.Hold(pinned);  // this (service) thread moves off the cores they hold
 }
-// What Open would rebuild the engine for, said before it does ("" if nothing): the client is
-// told to wait for it (wire::kWait), since closing 32 lanes, re-registering the sources and
-// opening them again can take longer than its --timeout.
-std::string Engine::Rebuilds(const wire::Engine& asked) const {
+// What Open will do about an engine asked for that is not this one, said before it does: a
+// rebuild, which the client waits for (closing 32 lanes, registering the sources again and
+// opening them can take longer than its --timeout), or this engine as it is, which the
+// client's ladder names in its row.
+std::string Engine::Notice(const wire::Engine& asked) const {
   const Shape wanted = ShapeFor(asked, plan);
-  if (wanted == shape || peers != 0) return "";
-  return "the engine is rebuilt for this client (" + DescribeShape(wanted) + ")";
+  if (wanted == shape) return "";
+  if (peers == 0)
+    return std::string(wire::kWait) + "the engine is rebuilt for this client (" +
+           DescribeShape(wanted) + ")";
+  return std::string(wire::kAsIs) + DescribeShape(shape) + ", not " + DescribeShape(wanted) +
+         " (another client is on)";
 }
 // A CONNECT: the client's entry in the lanes it has. An engine rung it asks for that the
 // engine does not have is built for it when no other client is connected (--ladder's rungs,

@@ -390,7 +390,7 @@ struct Engine : service::Engine {
          MemoryPath memory);
   ~Engine() override;
   std::unique_ptr<service::Session> Open(const wire::Connect& connect) override;
-  std::string Rebuilds(const wire::Engine& asked) const override;
+  std::string Notice(const wire::Engine& asked) const override;
   Report Watch() override;
   bool Reclaim() override;
   // Opens the lanes and threads for `shape` (closing what was open first).

@@ -205,10 +205,9 @@ Desk::Hooks Service::Hooks() {
     return c.idle_seen;
   };
   hooks.open = [this](const wire::Connect& connect, fi_addr_t id) { return Open(connect, id); };
-  hooks.slow_open = [this](const wire::Connect& connect) {
-    if (!clients_.empty()) return std::string();  // served by the engine as it is
-    SettleLeavers();
-    return engine_.Rebuilds(connect.engine);
+  hooks.before_open = [this](const wire::Connect& connect) {
+    if (clients_.empty()) SettleLeavers();  // the one before may still be leaving
+    return engine_.Notice(connect.engine);
   };
   hooks.said = [this](uint64_t number, fi_addr_t id, const std::string& how) {
     Said(number, id, how);

@@ -73,9 +73,10 @@ class Engine {
   // A session for this CONNECT, its lanes open and its threads started. Throws common::Error
   // (or std::exception) with the reason it cannot be: the client is refused with it.
   virtual std::unique_ptr<Session> Open(const wire::Connect& connect) = 0;
-  // Before Open, with no client connected: "" or what Open will do that takes long (rebuild
-  // itself for the engine this CONNECT asks), which the client is told first.
-  virtual std::string Rebuilds(const wire::Engine& asked) const = 0;
+  // Before Open: "" or what the client is told first, when the engine it asks for is not the
+  // one there: wire::kWait and why (Open rebuilds it, which takes long), or wire::kAsIs and
+  // the engine that serves it (another client is on).
+  virtual std::string Notice(const wire::Engine& asked) const = 0;
   // What the engine itself has to say, asked once a round: lines for the log, and why it
   // cannot go on, if it cannot (the server then says so and exits 1, for its supervisor).
   struct Report {

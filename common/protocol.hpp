@@ -135,6 +135,10 @@ inline constexpr std::string_view kSessionEnded = "session ended: ";
 // ACCEPT comes later than a client's --timeout may allow (07 rebuilds its engine for it: the
 // ladder's next rung); the client waits kOpeningWait more, once.
 inline constexpr std::string_view kWait = "wait: ";
+// An ERROR of request id 0 before ACCEPT whose text starts so: the engine the CONNECT asked
+// for waits until no client is on, and this session is served by the engine as it is (named
+// after it); its ACCEPT follows. A ladder's row then says which engine it measured.
+inline constexpr std::string_view kAsIs = "as is: ";
 inline constexpr auto kOpeningWait = std::chrono::seconds(120);
 struct ErrorReply {
   uint32_t request_id = 0;  // 0 when it concerns no request

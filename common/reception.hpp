@@ -90,9 +90,10 @@ class Reception {
     std::function<fi_addr_t(size_t, std::span<const uint8_t>)> open_lane;
     std::function<void(size_t, fi_addr_t)> close_lane;
     std::function<Opened(const wire::Connect&, fi_addr_t)> open;
-    // Before open: "" or why opening will take long (07: its engine is rebuilt for this
-    // client), which the client is told at once (ERROR wire::kWait), so that it waits.
-    std::function<std::string(const wire::Connect&)> slow_open = [](const wire::Connect&) {
+    // Before open: "" or what the client is told at once, as an ERROR of request 0 that
+    // does not refuse it (07: wire::kWait, its engine is rebuilt for it; wire::kAsIs, it is
+    // served by the engine as it is).
+    std::function<std::string(const wire::Connect&)> before_open = [](const wire::Connect&) {
       return std::string();
     };
   };
@@ -423,9 +424,9 @@ class Reception {
                   token,
                   Clock::now()};
     Opened opened;
-    if (const std::string slow = hooks_.slow_open(connect); !slow.empty()) {
-      mail_.Send(id, wire::ErrorReply{0, std::string(wire::kWait) + slow});
-      mail_.Flush(std::chrono::hours(1));  // posted now, before the long work
+    if (const std::string notice = hooks_.before_open(connect); !notice.empty()) {
+      mail_.Send(id, wire::ErrorReply{0, notice});
+      mail_.Flush(std::chrono::hours(1));  // posted now, before what may take long
     }
     try {
       opened = hooks_.open ? hooks_.open(connect, id) : OpenLanes(connect, client);

@@ -44,6 +44,7 @@ struct Summary {
   std::string memory = "host";  // host, cuda-direct, cuda-staged, cuda-vmm-direct, ...
   std::string memory_why;       // how GPU memory moves (direct), or why it is staged
   std::string step;             // 07 --ladder: which rung of the ladder this is
+  std::string served_as_is;     // 07: the engine that served it, where not the one it asked
   // 07 --ladder: a rung's record is its median run's, with the runs' count and Gbps range and
   // the verdict against the rung below ("": none); a single run is 1 run and no range.
   int runs = 1;

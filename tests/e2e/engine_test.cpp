@@ -652,6 +652,31 @@ TEST_P(Engine, ACrowdIsServedOrToldBusy) {
   EXPECT_EQ(done.out.find(" lost: "), std::string::npos) << done.out;
 }
 
+// A client that asks for another engine while a client is on is served by the engine as it is
+// (it is not rebuilt under the other), and told so before its ACCEPT: a ladder's row then says
+// it did not measure its rung.
+TEST_P(Engine, AClientBesideAnotherIsToldWhichEngineServesIt) {
+  StageServer server(kStage, provider(), 2, {"--memory", "host"});
+  ASSERT_FALSE(server.address().empty());
+  Process first = StartClient(server.address(), {"--memory", "host", "-S", "64k", "--pages", "64",
+                                                 "--repeat", "1500", "--timeout", "60"});
+  for (int i = 0;
+       i < 400 && server.process().Output().find("client 1 connected") == std::string::npos; ++i)
+    std::this_thread::sleep_for(50ms);
+  Result second = RunClient(kStage, provider(), server.address(), Small(16, {"--no-pin"}));
+  ASSERT_EQ(second.exit_code, 0) << second.out << second.err;
+  EXPECT_EQ(NumberAfter(second.out, "verified "), 16LL * 16384 * 2);
+  const size_t told = second.out.find("the server serves us with its engine as it is: ");
+  ASSERT_NE(told, std::string::npos) << second.out;
+  const std::string line = second.out.substr(told, second.out.find('\n', told) - told);
+  EXPECT_NE(line.find(", pinned, "), std::string::npos) << line;      // the engine there
+  EXPECT_NE(line.find(", not pinned, "), std::string::npos) << line;  // the one asked
+  EXPECT_NE(line.find("(another client is on)"), std::string::npos) << line;
+  Result one = first.Wait(120s);
+  EXPECT_EQ(one.exit_code, 0) << one.out << one.err;
+  EXPECT_EQ(server.Wait(30s).exit_code, 0);
+}
+
 // A client that stops reading (SIGSTOP: a paused job) stalls its WRITEs: the server says so
 // once per thread, with what the thread did meanwhile, and the client, let go on, finishes
 // verified (or, 1.x's shm, the server ends with the provider's limit: below).

@@ -134,10 +134,11 @@ void Poll(Peer& p) {
           ++p.received;
           try {
             auto m = wire::Decode({p.buffer.data() + kBig, e.len});
-            // "wait: " answers nothing yet (07 rebuilds its engine first): its ACCEPT or
-            // ERROR is the answer, as for a client.
+            // "wait: " and "as is: " answer nothing yet (07 rebuilds its engine first, or
+            // serves it with the engine as it is): its ACCEPT or ERROR is the answer.
             if (auto* err = std::get_if<wire::ErrorReply>(&m);
-                err && err->text.rfind(wire::kWait, 0) == 0)
+                err &&
+                (err->text.rfind(wire::kWait, 0) == 0 || err->text.rfind(wire::kAsIs, 0) == 0))
               --p.received;
             else if (err)
               p.last_text = err->text;
