@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <limits>
 #include <map>
+#include <regex>
 #include <sstream>
 #include <utility>
 #include <vector>
@@ -325,26 +326,19 @@ static void AddHostOptions(CLI::App& app, Options& o) {
          "--gpus",
          [&o](const std::string& text) {
            // "3", "0,2" or "4-7": as CUDA_VISIBLE_DEVICES and Slurm write them
+           static const std::regex kList(R"(\d{1,4}(-\d{1,4})?(,\d{1,4}(-\d{1,4})?)*)");
            std::vector<int> gpus;
-           std::stringstream items(text);
-           std::string item;
-           while (std::getline(items, item, ',')) {
-             const size_t dash = item.find('-');
-             uint64_t lo = 0, hi = 0;
-             try {
-               lo = ParseSize(item.substr(0, dash), "--gpus");
-               hi = dash == std::string::npos ? lo : ParseSize(item.substr(dash + 1), "--gpus");
-             } catch (const UsageError&) {
-               lo = 1, hi = 0;
+           if (std::regex_match(text, kList)) {
+             std::stringstream items(text);
+             for (std::string item; std::getline(items, item, ',');) {
+               const size_t dash = item.find('-');
+               const int lo = std::stoi(item.substr(0, dash));
+               const int hi = dash == std::string::npos ? lo : std::stoi(item.substr(dash + 1));
+               for (int g = lo; g <= hi; ++g)
+                 if (std::find(gpus.begin(), gpus.end(), g) == gpus.end()) gpus.push_back(g);
              }
-             if (item.empty() || lo > hi || hi >= 1024 || item.find_first_of("kmgKMG") != item.npos)
-               throw UsageError("invalid --gpus '" + text +
-                                "' (CUDA device indices: 3, 0,2 or 4-7)");
-             for (uint64_t g = lo; g <= hi; ++g)
-               if (std::find(gpus.begin(), gpus.end(), g) == gpus.end())
-                 gpus.push_back(static_cast<int>(g));
            }
-           if (gpus.empty())
+           if (gpus.empty())  // not a list, or a range backwards
              throw UsageError("invalid --gpus '" + text + "' (CUDA device indices: 3, 0,2 or 4-7)");
            o.gpus = gpus;
          },

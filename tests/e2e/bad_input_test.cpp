@@ -198,6 +198,18 @@ TEST_P(BadEngineInput, BatchAndThreadsOutOfRange) {
   ExpectUsageError({"--peer-timeout", "-1"}, "invalid value '-1' for --peer-timeout");
 }
 
+// Which GPUs and how their memory is registered: a bad value is named, exit 2; --gpus with
+// no GPU in use (host memory) is refused, not ignored.
+TEST_P(BadEngineInput, GpusAndDmabuf) {
+  ExpectUsageError({"-p", "shm", "--dmabuf", "maybe"},
+                   "invalid --dmabuf 'maybe' (use auto, on or off)");
+  for (const char* bad : {"1-0", "x", "3,", "2k", ""})
+    ExpectUsageError({"-p", "shm", "--gpus", bad}, std::string("invalid --gpus '") + bad +
+                                                       "' (CUDA device indices: 3, 0,2 or 4-7)");
+  ExpectUsageError({"-p", "shm", "--memory", "host", "--gpus", "0"},
+                   "invalid --gpus: this process uses no GPU (host memory, or none seen)");
+}
+
 TEST_P(BadEngineInput, StartAtNotATimeOrTooFarOff) {
   ExpectUsageError({"-p", "shm", "--start-at", "soon", "66695f73686d3a2f2f3100"},
                    "invalid --start-at 'soon'");
