@@ -185,6 +185,41 @@ bool CudaFailed(const ProcessFacts& process) {
                                 process.cuda.find("no NVIDIA driver") != std::string::npos);
 }
 
+// How a NIC reaches GPU memory: peer memory (dmabuf, nvidia_peermem, or the efa driver's own
+// GPUDirect path), and a CUDA runtime that libfabric can load.
+static std::vector<CheckLine> GpuMemoryLines(const HostFacts& host, const ProcessFacts& process) {
+  std::vector<CheckLine> lines;
+  const bool efa = !host.efa_devices.empty();
+  const int gpus = process.visible_gpus;
+  // Peer memory: the NIC can pin GPU pages by dmabuf or through nvidia_peermem.
+  if (gpus == 0)
+    lines.push_back({Verdict::kOk, "GPU peer memory", "not needed without a GPU", ""});
+  else if (process.dmabuf.value_or(false) || host.nvidia_peermem ||
+           (efa && !host.efa_gpudirect.empty()))
+    lines.push_back(
+        {Verdict::kOk, "GPU peer memory",
+         std::string(process.dmabuf.value_or(false) ? "dmabuf export works on a test allocation"
+                                                    : "no dmabuf export") +
+             (host.nvidia_peermem ? "; nvidia_peermem loaded" : "") +
+             (efa && !host.efa_gpudirect.empty() ? "; " + host.efa_gpudirect : ""),
+         ""});
+  else
+    lines.push_back({efa ? Verdict::kFail : Verdict::kWarn, "GPU peer memory",
+                     "no dmabuf export of a test allocation, no nvidia_peermem and no efa "
+                     "GPUDirect module: a NIC cannot reach GPU memory (efa would copy it through "
+                     "host memory)",
+                     "modprobe nvidia_peermem (or efa_nv_peermem), or a driver and kernel with "
+                     "dmabuf (NVIDIA open kernel modules, Linux 5.12 or later)"});
+  // libfabric's CUDA: a libfabric that loads the runtime at run time and cannot.
+  if (gpus > 0 && !process.cudart.empty())
+    lines.push_back({Verdict::kFail, "CUDA runtime for libfabric",
+                     process.cudart.substr(0, process.cudart.find("): ") + 1) +
+                         ": no provider offers GPU memory (FI_HMEM)",
+                     "add the CUDA toolkit's lib64 to LD_LIBRARY_PATH "
+                     "(/usr/local/cuda/lib64), where libcudart.so is"});
+  return lines;
+}
+
 std::vector<CheckLine> CheckHost(const HostFacts& host, const ProcessFacts& process) {
   std::vector<CheckLine> lines;
   const bool efa = !host.efa_devices.empty();
@@ -256,32 +291,7 @@ std::vector<CheckLine> CheckHost(const HostFacts& host, const ProcessFacts& proc
                          (host_gpus == 0 ? " (the driver's list is not visible here)" : "") + by,
                      ""});
 
-  // Peer memory: the NIC can pin GPU pages by dmabuf or through nvidia_peermem.
-  if (gpus == 0)
-    lines.push_back({Verdict::kOk, "GPU peer memory", "not needed without a GPU", ""});
-  else if (process.dmabuf.value_or(false) || host.nvidia_peermem ||
-           (efa && !host.efa_gpudirect.empty()))
-    lines.push_back(
-        {Verdict::kOk, "GPU peer memory",
-         std::string(process.dmabuf.value_or(false) ? "dmabuf export works on a test allocation"
-                                                    : "no dmabuf export") +
-             (host.nvidia_peermem ? "; nvidia_peermem loaded" : "") +
-             (efa && !host.efa_gpudirect.empty() ? "; " + host.efa_gpudirect : ""),
-         ""});
-  else
-    lines.push_back({efa ? Verdict::kFail : Verdict::kWarn, "GPU peer memory",
-                     "no dmabuf export of a test allocation, no nvidia_peermem and no efa "
-                     "GPUDirect module: a NIC cannot reach GPU memory (efa would copy it through "
-                     "host memory)",
-                     "modprobe nvidia_peermem (or efa_nv_peermem), or a driver and kernel with "
-                     "dmabuf (NVIDIA open kernel modules, Linux 5.12 or later)"});
-  // libfabric's CUDA: a libfabric that loads the runtime at run time and cannot.
-  if (gpus > 0 && !process.cudart.empty())
-    lines.push_back({Verdict::kFail, "CUDA runtime for libfabric",
-                     process.cudart.substr(0, process.cudart.find("): ") + 1) +
-                         ": no provider offers GPU memory (FI_HMEM)",
-                     "add the CUDA toolkit's lib64 to LD_LIBRARY_PATH "
-                     "(/usr/local/cuda/lib64), where libcudart.so is"});
+  for (auto& line : GpuMemoryLines(host, process)) lines.push_back(line);
 
   // Huge pages: efa's buffer pools map them (MAP_HUGETLB) and fall back to small pages.
   const std::string pages = std::to_string(std::max(host.hugepages, 0L)) + " x " +
