@@ -88,7 +88,11 @@ struct Receiver {
   size_t first_lane = 0, lane_count = 0;
   std::optional<unsigned> cpu;
   std::vector<uint64_t> arrived;  // per request id; the last entry counts the warmup
+  // --immediate last: per request id and lane of the thread, the WRITEs that the lane's one
+  // completion of the request counts for (empty: every WRITE completes here, counting one).
+  std::vector<std::vector<uint64_t>> vouches;
   std::atomic<uint64_t> total{0}, warm{0};
+  uint64_t completions = 0;  // timed remote-write completions read (written as it ends)
   std::unique_ptr<std::atomic<uint64_t>[]> per_lane;  // per lane of the thread
   uint64_t owed = 0;                                  // timed WRITEs its lanes receive in all
   std::atomic<Clock::rep> last_arrival{0};            // read once, when the last of them lands
@@ -114,7 +118,7 @@ void RunReceiver(Receiver& r, std::span<Network> lanes, size_t requests, WaitMod
   if (pin != nullptr && r.cpu && !PinThread(*pin, *r.cpu, why))
     std::printf("warning: receiver not pinned: %s\n", why.c_str());
   std::vector<uint64_t> lane_counts(r.lane_count);
-  uint64_t total = 0, warm = 0;
+  uint64_t total = 0, warm = 0, completions = 0;
   IdleBackoff backoff(8);  // --wait spin: idle rounds nap (at most 256 us), never taking a core
   try {
     while (!stop) {
@@ -131,9 +135,18 @@ void RunReceiver(Receiver& r, std::span<Network> lanes, size_t requests, WaitMod
               } else if (e.data == 0 || e.data > requests) {
                 throw Error("a WRITE arrived for unknown request " + std::to_string(e.data));
               } else {
-                ++r.arrived[e.data];  // never assume the last WRITE lands last: count them
-                ++total;
-                ++lane_counts[l];
+                // Never assume the last WRITE lands last: count them, or, where the server
+                // marks only a lane's last one, posted once the others completed, count for
+                // them all.
+                const uint64_t n = r.vouches.empty() ? 1 : r.vouches[e.data][l];
+                if (n == 0)
+                  throw Error("lane " + std::to_string(r.first_lane + l) +
+                              " received a WRITE of request " + std::to_string(e.data) +
+                              ", which it carries no page of");
+                r.arrived[e.data] += n;
+                ++completions;
+                total += n;
+                lane_counts[l] += n;
               }
             },
             [&](const CompletionError& e) {
@@ -155,6 +168,10 @@ void RunReceiver(Receiver& r, std::span<Network> lanes, size_t requests, WaitMod
         r.total = total;
       } else if (wait == WaitMode::kBlock) {
         WaitForCompletions(lanes, 20);
+      } else if (!r.vouches.empty() && total < r.owed) {
+        // --immediate last: WRITEs land with no completion here, and over shm 2.x only inside
+        // our polls (the target copies them): no nap while some are owed.
+        std::this_thread::yield();
       } else {
         backoff.Idle();
       }
@@ -165,6 +182,7 @@ void RunReceiver(Receiver& r, std::span<Network> lanes, size_t requests, WaitMod
     r.failed = true;
   }
   r.cpu_seconds = ThreadCpuSeconds();
+  r.completions = completions;
 }
 // Stops and joins the receiving threads when it goes out of scope (declared after the lanes
 // they poll, so it goes first), also when the session ends in an error.
@@ -209,6 +227,7 @@ class ClientSession {
   void WatchLanes();
   std::string Missing() const;
   bool InsideProvider();
+  std::string CountLags() const;
   uint64_t ArrivedTotal() const;
   void Connect();
   void StartReceivers();
@@ -271,6 +290,7 @@ class ClientSession {
   // rounds and since when they stood still.
   double link_gbps_ = 0;
   std::optional<ProgressLine> progress_line_;
+  Clock::duration inside_for_{};  // the longest provider call a receiver is in now
   Clock::time_point last_progress_ = Clock::now();
   uint64_t seen_ = 0;
   std::vector<uint64_t> lane_seen_;
@@ -425,6 +445,14 @@ void ClientSession::PlanReceivers() {
     r->per_lane = std::make_unique<std::atomic<uint64_t>[]>(r->lane_count);
     for (size_t l = r->first_lane; l < r->first_lane + r->lane_count; ++l)
       r->owed += expected_per_lane_[l];
+    if (engine_.flags & wire::kEngineLastImmediate) {
+      r->vouches.assign(requests_.size() + 1, std::vector<uint64_t>(r->lane_count));
+      for (const auto& q : requests_)
+        for (size_t i = 0; i < q.pages.size(); ++i)
+          if (const size_t l = LaneOf(q.request_id, q.pages.size(), i, lanes_.size());
+              l >= r->first_lane && l < r->first_lane + r->lane_count)
+            r->vouches[q.request_id][l - r->first_lane] += q.repeat;
+    }
     // Cores from the group's last one down, among those this client was given (taskset,
     // Slurm, a cpuset) and, pinned, those no other process of this host holds: a server and
     // its clients on one host (shm, loopback) then pin to different cores, as on K hosts they
@@ -589,6 +617,7 @@ bool ClientSession::InsideProvider() {
   const auto bound = std::max<Clock::duration>(6 * limit_, std::chrono::seconds(60));
   bool inside = false;
   const auto now = Clock::now();
+  inside_for_ = {};
   for (size_t i = 0; i < receivers_.threads.size(); ++i) {
     const Receiver& r = *receivers_.threads[i];
     const uint64_t rounds = r.rounds.load(std::memory_order_relaxed);
@@ -597,13 +626,25 @@ bool ClientSession::InsideProvider() {
       same_since_[i] = now;
       continue;
     }
-    if (!r.reading.load(std::memory_order_relaxed) || now - same_since_[i] < limit_ / 100) continue;
+    if (!r.reading.load(std::memory_order_relaxed)) continue;
+    inside_for_ = std::max(inside_for_, now - same_since_[i]);
+    if (now - same_since_[i] < limit_ / 100) continue;
     if (now - same_since_[i] > bound)
       Abandon(kProgram, "a receiving thread has been inside the provider's fi_cq_read for " +
                             FormatSeconds(now - same_since_[i]) + ": it does not return");
     inside = true;
   }
   return inside;
+}
+// Why the count lags what landed now, for the progress line ("": it does not): a receiver
+// that has been inside one provider call for a tenth of a line's span or more (shm 2.x drains
+// its command queue in one call while the writer keeps it full). With --immediate last the
+// count moves only as a lane's part of a request ends: a line with no new count says so.
+std::string ClientSession::CountLags() const {
+  const double inside = std::chrono::duration<double>(inside_for_).count();
+  if (inside >= 0.1 * progress_line_->every_seconds())
+    return "a receiver is " + FormatSeconds(inside_for_) + " into one provider call";
+  return "";
 }
 // One round of the main thread: control messages, our sends, the receivers' failures and signs
 // of life; it ends the session when the server has been silent for --timeout.
@@ -745,9 +786,13 @@ ClientSession::Timing ClientSession::Transfer() {
   while (ArrivedTotal() < expected_) {
     Progress();
     const uint64_t n = ArrivedTotal();
-    if (n > 0)
-      progress_line_->Update(n, n * options_.page_size,
-                             std::chrono::duration<double>(Clock::now() - t.start).count());
+    progress_line_->Update(n, n * options_.page_size,
+                           std::chrono::duration<double>(Clock::now() - t.start).count(),
+                           CountLags(),
+                           (engine_.flags & wire::kEngineLastImmediate)
+                               ? "--immediate last: counted as a lane's part of a request "
+                                 "ends"
+                               : "");
   }
   t.wire_bytes = wire.Bytes();
   Clock::rep last = 0;
@@ -824,6 +869,7 @@ Summary ClientSession::Summarize(const Timing& t, uint64_t verified) {
   summary.receiver_threads = static_cast<int>(receivers_.threads.size());
   summary.emulated_write = emulated_write_ ? *emulated_write_ : -1;
   summary.receiver_cq_entries = cq_entries_;
+  for (const auto& r : receivers_.threads) summary.receiver_completions += r->completions;
   WatchLanes();                                 // each lane's WRITEs, as its receiver counted
   for (size_t l = 0; l < lanes_.size(); ++l) {  // lanes that share a NIC add up
     const std::string& name = domains_[l];
@@ -868,7 +914,8 @@ Summary RunSession(const Options& options, std::span<const uint8_t> peer, wire::
 wire::Engine EngineFromOptions(const Options& options) {
   wire::Engine e;
   e.flags = (options.pin ? wire::kEnginePin : 0) | (options.shard ? wire::kEngineShard : 0) |
-            (options.lazy ? wire::kEngineLazy : 0) | (options.numa ? wire::kEngineNuma : 0);
+            (options.lazy ? wire::kEngineLazy : 0) | (options.numa ? wire::kEngineNuma : 0) |
+            (options.immediate == ImmediateMode::kLast ? wire::kEngineLastImmediate : 0);
   e.threads = static_cast<uint32_t>(options.threads);
   e.batch = static_cast<uint32_t>(options.batch);
   e.doorbell = static_cast<uint32_t>(options.doorbell);
@@ -886,6 +933,8 @@ std::vector<Rung> LadderRungs(const Options& options) {
   wire::Engine e;
   e.threads = 1;
   e.window = static_cast<uint32_t>(options.window);
+  // --immediate last on every rung, as the published programs all marked WRITEs.
+  if (options.immediate == ImmediateMode::kLast) e.flags = wire::kEngineLastImmediate;
   std::vector<Rung> rungs;
   rungs.push_back({"lanes, one thread", false, e});
   rungs.push_back({"+ warmup", true, e});
@@ -979,6 +1028,12 @@ int RunLadder(const Options& given, std::span<const uint8_t> peer) {
                                    [](const Summary& r) { return !r.served_as_is.empty(); });
     if (i == 0) {
       rungs[0].name = std::to_string(runs[0].lanes) + " " + rungs[0].name;
+      std::printf("ladder: immediate data %s\n",
+                  options.immediate == ImmediateMode::kLast
+                      ? "on each lane's last WRITE of a request (--immediate last), as the "
+                        "published run marked its WRITEs"
+                      : "on every WRITE, counted one by one (the published run marked only the "
+                        "last: --immediate last)");
       std::printf(
           "| step | Gbps (median) | range | %% of link | Mpps | runs | verdict |\n"
           "|---|---:|---:|---:|---:|---:|---|\n");

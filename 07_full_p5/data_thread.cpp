@@ -111,10 +111,19 @@ Op* TakeOp(PeerSlot& slot) {
 }
 // A WRITE's slot back in the window; `written`: it completed (a dropped one never went out).
 void ReturnOp(Op* op, bool written) {
-  PeerSlot& slot = *op->share->slot;
+  Share& share = *op->share;
+  PeerSlot& slot = *share.slot;
   Add(slot.in_flight, -1);
   slot.bytes_in_flight -= op->length;
-  ++op->share->completed;
+  ++share.completed;
+  // --immediate last: the lane's last WRITE of the share goes once the others completed.
+  if (!share.unfinished.empty() && !op->immediate && --share.unfinished[op->lane] == 0)
+    if (Op* last = std::exchange(share.last[op->lane], nullptr); last != nullptr) {
+      if (slot.leaving)
+        ReturnOp(last, false);
+      else
+        slot.pending[op->lane].push_back(last);
+    }
   // <rung shard>
   if (!slot.ops.empty()) {
     Add(slot.writes, written);
@@ -182,7 +191,11 @@ void TakeInbox(Worker& w) {
     // already prepared, which complete (or fail) as any other.
     slot->leaving = true;
     std::erase_if(slot->shares, [](const auto& s) { return s->prepared == 0; });
-    for (auto& share : slot->shares) share->total = share->prepared;
+    for (auto& share : slot->shares) {
+      share->total = share->prepared;
+      for (Op*& last : share->last)
+        if (last != nullptr) ReturnOp(std::exchange(last, nullptr), false);
+    }
     // WRITEs prepared and not posted are dropped, unless some went out with FI_MORE before
     // them: the provider may hold those until a post rings the doorbell.
     for (size_t l = 0; l < slot->pending.size(); ++l) {
@@ -351,7 +364,21 @@ void PrepareFor(Worker& w, PeerSlot& slot) {
       op->share = share.get();
       op->remote_offset = page.target;
       op->lane = lane;
-      slot.pending[lane].push_back(op);
+      op->immediate = true;
+      op->delivered = false;
+      // --immediate last: the lane's last WRITE of the share carries the immediate data and
+      // vouches for the others, so it waits for their completions (ReturnOp).
+      if (!share->unprepared.empty()) {
+        op->immediate = --share->unprepared[lane] == 0;
+        op->delivered =
+            !op->immediate && !w.lanes[lane].write_completion && !w.lanes[lane].delivers_in_order;
+        if (!op->immediate)
+          ++share->unfinished[lane];
+        else if (share->unfinished[lane] > 0)
+          share->last[lane] = op;
+      }
+      if (share->unprepared.empty() || !op->immediate || share->last[lane] != op)
+        slot.pending[lane].push_back(op);
       if (eager && slot.pending[lane].size() >= settings.doorbell) Flush(w, slot, lane, false);
       // <rung batch>
       prepared_any = true;

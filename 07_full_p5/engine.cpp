@@ -53,6 +53,7 @@ std::string DescribeEngine(const wire::Engine& e, size_t threads) {
   s += (e.flags & wire::kEngineNuma) ? ", NUMA-bound" : ", no NUMA binding";
   s += ", doorbell " + std::to_string(e.doorbell);
   s += ", window " + std::to_string(e.window) + " per lane";
+  if (e.flags & wire::kEngineLastImmediate) s += ", immediate data on each lane's last WRITE";
   return s;
 }
 namespace {
@@ -170,6 +171,12 @@ std::string Peer::Dispatch(wire::Transfer transfer) {
     Worker& worker = *slot->worker;
     share->request = request;
     share->total = share->pages.size() * t.repeat;
+    if (On(wire::kEngineLastImmediate) && t.request_id != kWarmupRequest) {
+      share->unprepared.assign(worker.lane_count, 0);
+      for (const Share::Page& page : share->pages) share->unprepared[page.lane] += t.repeat;
+      share->unfinished.assign(worker.lane_count, 0);
+      share->last.assign(worker.lane_count, nullptr);
+    }
     {
       std::lock_guard lock(worker.inbox_mutex);
       worker.inbox.push_back(std::move(share));
@@ -647,7 +654,9 @@ std::unique_ptr<service::Session> Engine::Open(const wire::Connect& connect) {
   ++peers;  // from here its destructor counts it out
   p->asked = asked;
   p->settings = settings;
-  p->settings.flags = FlagsOf(shape) | (settings.flags & wire::kEngineLazy);
+  // The shape's flags are the engine's; how its WRITEs are posted and marked, the client's.
+  p->settings.flags =
+      FlagsOf(shape) | (settings.flags & (wire::kEngineLazy | wire::kEngineLastImmediate));
   p->settings.threads = static_cast<uint32_t>(shape.threads);
   for (size_t l = 0; l < used; ++l) {
     p->addresses.push_back(connect.lanes[l].address);

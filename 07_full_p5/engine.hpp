@@ -89,6 +89,10 @@ struct Op {
   // through the unreported ones, `rider` to `rider`.
   bool signaled = true;
   Op* rider = nullptr;
+  bool immediate = true;  // carries its request's immediate data (all but --immediate last)
+  // --immediate last: a WRITE that its lane's last one vouches for completes only once it
+  // landed (FI_DELIVERY_COMPLETE): SRD and shm 2.x deliver a lane's WRITEs in no set order.
+  bool delivered = false;
 };
 // A lane's prepared WRITEs of one client, oldest first: a ring with room for the client's
 // whole window on the thread (no WRITE is prepared without a place in the window), so that a
@@ -148,6 +152,8 @@ class Network : public Endpoint {
   // The provider reads FI_MORE (Quirk::kReadsMore): a WRITE posted with it waits for the next
   // doorbell.
   bool reads_more = false;
+  // Its WRITEs to a peer land in the order posted (Quirk::kDeliversInOrder).
+  bool delivers_in_order = false;
 };
 // The lanes: every group's NICs, group after group, and which group each lane belongs to.
 struct Plan {
@@ -221,6 +227,10 @@ struct Share {
   std::vector<Page> pages;
   uint64_t total = 0;  // pages x repeat
   uint64_t prepared = 0, posted = 0, completed = 0;
+  // --immediate last, per lane of the thread: its WRITEs not yet prepared and those not yet
+  // completed, and its last one, held back until the others completed (empty otherwise).
+  std::vector<uint64_t> unprepared, unfinished;
+  std::vector<Op*> last;
   size_t next_page = 0;  // the page the next WRITE sends: pages cycle `repeat` times
   Clock::time_point first_post{}, last_completion{};
 };

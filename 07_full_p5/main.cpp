@@ -195,6 +195,7 @@ Network Network::Open(FiInfoPtr nic, WaitMode wait, const MemoryPath* pages, siz
   net.write_completion = completion;
   net.selective = selective;
   net.reads_more = Has(Quirk::kReadsMore, *net.info);
+  net.delivers_in_order = Has(Quirk::kDeliversInOrder, *net.info);
   return net;
 }
 // What the writer needs to reach our region: with FI_MR_VIRT_ADDR, remote addresses are
@@ -228,19 +229,24 @@ bool Network::PostWrite(Op& op, fi_addr_t dest, const wire::RemoteRegion& region
   op.peer = dest;
   iovec iov{op.buffer, op.length};
   fi_rma_iov rma{region.address + offset, op.length, region.key};
-  fi_msg_rma msg{&iov, &op.desc, 1, dest, &rma, 1, &op.context, immediate};
+  fi_msg_rma msg{&iov, &op.desc, 1, dest, &rma, 1, &op.context, op.immediate ? immediate : 0};
   // A WRITE that more follow at once (FI_MORE), small enough to be copied out as it is posted
   // (FI_INJECT), reports nothing where completions are selective: the group's last one does,
   // once delivered, and a peer's commands are taken in order (WriteCompletion).
   op.signaled = !selective || !(flags & FI_MORE) || op.length > info->tx_attr->inject_size;
-  const uint64_t report = op.signaled ? FI_COMPLETION | write_completion : FI_INJECT;
+  const uint64_t report =
+      op.signaled ? FI_COMPLETION | write_completion | (op.delivered ? FI_DELIVERY_COMPLETE : 0)
+                  : FI_INJECT;
   const InProvider inside("fi_writemsg");  // spins for good on a dead shm peer's lock
   // An unreported WRITE where FI_MORE means nothing: the provider's own inject call, its
   // shortest path (fabtests' fi_rma_bw posts every small WRITE so).
+  const bool inject = !op.signaled && !reads_more;
   ssize_t rc =
-      !op.signaled && !reads_more
+      inject && op.immediate
           ? fi_inject_writedata(ep.get(), op.buffer, op.length, immediate, dest, rma.addr, rma.key)
-          : fi_writemsg(ep.get(), &msg, FI_REMOTE_CQ_DATA | report | flags);
+      : inject
+          ? fi_inject_write(ep.get(), op.buffer, op.length, dest, rma.addr, rma.key)
+          : fi_writemsg(ep.get(), &msg, (op.immediate ? FI_REMOTE_CQ_DATA : 0) | report | flags);
   if (rc == -FI_EAGAIN) return false;
   FI_CHECK(rc);
   return true;

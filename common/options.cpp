@@ -294,6 +294,12 @@ static void AddEngineOptions(CLI::App& app, Options& o) {
           "N", Range{1, wire::kMaxWindow});
   AddOff(app, "--eager-post", &o.lazy,
          "Client: the server posts each WRITE at once instead of from its CQ poll");
+  AddChoice(app, "--immediate", &o.immediate,
+            {{"every", ImmediateMode::kEvery}, {"last", ImmediateMode::kLast}},
+            "Client: which WRITEs carry their request's immediate data: every (default; the "
+            "receiver counts one completion per WRITE) or last, as the published run did: only "
+            "the last WRITE of each lane's part of a request, posted once the others completed, "
+            "and counted for them");
   AddOff(app, "--no-numa", &o.numa,
          "The server's memory is not bound to its threads' NUMA nodes (server: at start; "
          "client: asks)");
@@ -386,6 +392,7 @@ static void GroupOptions(CLI::App& app) {
       {"batch", "Engine (the client asks)"},
       {"doorbell", "Engine (the client asks)"},
       {"eager-post", "Engine (the client asks)"},
+      {"immediate", "Engine (the client asks)"},
       {"no-numa", "Engine (the client asks)"},
       {"no-warmup", "Engine (the client asks)"},
       {"ladder", "Ladder"},

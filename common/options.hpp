@@ -26,6 +26,8 @@ enum class GpuPathMode { kAuto, kDirect, kStaged };
 // How GPU memory is registered (07 --dmabuf): as a dmabuf, by its address (the NIC driver pins
 // it: nvidia_peermem, or the efa driver's own GPUDirect path), or dmabuf then address.
 enum class DmabufMode { kAuto, kOn, kOff };
+// 07: which WRITEs of a request carry its immediate data (--immediate).
+enum class ImmediateMode { kEvery, kLast };
 
 struct Options {
   // Connection: no peer address means "serve".
@@ -74,6 +76,7 @@ struct Options {
   uint64_t doorbell = 16;  // WRITEs per doorbell: FI_MORE on all but the last of each group
   bool lazy = true;        // --eager-post
   bool numa = true;        // --no-numa
+  ImmediateMode immediate = ImmediateMode::kEvery;
   bool ladder = false;
   uint64_t runs = 3;           // --ladder: timed runs per rung
   double min_seconds = 1;      // --ladder: each run at least this long (0: as --repeat says)
@@ -110,7 +113,7 @@ void AddOptions(CLI::App& app, Options& options, unsigned groups);
 // starts (--start-at), named for error messages. The engine's shape (--threads, --no-pin,
 // --no-shard, --no-numa) is the server's at start, and what a client asks for.
 inline constexpr const char* kEngineOptionNames[] = {
-    "--no-warmup", "-w",     "--batch",       "--doorbell", "--eager-post",
+    "--no-warmup", "-w",     "--batch",       "--doorbell", "--eager-post", "--immediate",
     "--ladder",    "--runs", "--min-seconds", "-W",         "--start-at"};
 
 int ParseCommandLine(CLI::App& app, int argc, char** argv);

@@ -20,8 +20,9 @@ namespace common::wire {
 inline constexpr uint32_t kMagic = 0x50444d52;  // "RMDP" on the wire, little-endian
 // 2: the header carries a token. 3: messages carry their sender's stage, and what a server
 // needs to answer a client of any later version keeps its place (kFirstStableVersion). 4: 07's
-// ACCEPT names the server's source pages, and DONE no longer times a fill (pages exist).
-inline constexpr uint16_t kVersion = 4;
+// ACCEPT names the server's source pages, and DONE no longer times a fill (pages exist). 5: a
+// 07 client may ask immediate data on each lane's last WRITE of a request only.
+inline constexpr uint16_t kVersion = 5;
 // From this version on, these never move: the header; a CONNECT's first fields (its stage,
 // its reply address, its lane count and first lane's address); an ERROR whole. So a server
 // can refuse a client of another version by name, and the client read why.
@@ -94,7 +95,10 @@ inline constexpr uint32_t kEnginePin = 1u << 0;    // pin each data thread to a 
 inline constexpr uint32_t kEngineShard = 1u << 1;  // per-thread state, no shared lock
 inline constexpr uint32_t kEngineLazy = 1u << 2;   // posts enqueue; the CQ poll posts
 inline constexpr uint32_t kEngineNuma = 1u << 3;   // memory on each thread's NUMA node
-inline constexpr uint32_t kEngineFlags = kEnginePin | kEngineShard | kEngineLazy | kEngineNuma;
+// Immediate data on the last WRITE of each lane's part of a request only (07 --immediate last)
+inline constexpr uint32_t kEngineLastImmediate = 1u << 4;
+inline constexpr uint32_t kEngineFlags =
+    kEnginePin | kEngineShard | kEngineLazy | kEngineNuma | kEngineLastImmediate;
 inline constexpr uint32_t kMaxBatch = 1024;
 inline constexpr uint32_t kMaxWindow = 1u << 16;  // per lane: the server allocates an Op for each
 

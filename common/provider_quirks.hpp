@@ -24,6 +24,7 @@ enum class Quirk {
   kHoldsCommandUntilAnswered,  // a delivery-complete WRITE holds a command until answered
   kReadsMore,                  // FI_MORE on a WRITE is read: the doorbell waits for the last
   kCopiesGpuThroughSockets,    // takes GPU memory, copies it through host buffers itself
+  kDeliversInOrder,            // an endpoint's WRITEs to a peer land in the order posted
 };
 
 struct QuirkRow {

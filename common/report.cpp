@@ -138,6 +138,7 @@ static std::string SummaryRecord(const Summary& s) {
   s.emulated_write >= 0 ? r.AddBool("emulated_write", s.emulated_write)
                         : r.AddNull("emulated_write");
   count_or_null("receiver_cq_entries", s.receiver_cq_entries);
+  count_or_null("receiver_completions", s.receiver_completions);
   std::string nics = "[";
   for (size_t i = 0; i < s.nics.size(); ++i) {
     JsonRecord nic = JsonRecord::Object();
@@ -365,15 +366,31 @@ ProgressLine::ProgressLine(uint64_t expected_writes, double link_gbps, double ev
           std::chrono::duration<double>(every > 0 ? every : (tty_ ? 1.0 : 5.0)))),
       next_(std::chrono::steady_clock::now() + every_) {}
 
-void ProgressLine::Update(uint64_t writes, uint64_t bytes, double seconds) {
+std::string FormatSinceLast(uint64_t bytes, double seconds, const std::string& late_why) {
+  char since[64];
+  if (!late_why.empty()) {
+    std::snprintf(since, sizeof(since), "; last %.1f s: not counted yet (", seconds);
+    return since + late_why + ")";
+  }
+  std::snprintf(since, sizeof(since), "; last %.1f s: %.3f Gbps", seconds, Gbps(bytes, seconds));
+  return since;
+}
+
+double ProgressLine::every_seconds() const {
+  return std::chrono::duration<double>(every_).count();
+}
+
+void ProgressLine::Update(uint64_t writes, uint64_t bytes, double seconds,
+                          const std::string& late_why, const std::string& unmoved_why) {
   const auto now = std::chrono::steady_clock::now();
   if (now < next_ || seconds <= 0) return;
   next_ = now + every_;
-  char since[64];
-  std::snprintf(since, sizeof(since), "; last %.1f s: %.3f Gbps", seconds - last_seconds_,
-                Gbps(bytes - last_bytes_, seconds - last_seconds_));
-  last_bytes_ = bytes;
-  last_seconds_ = seconds;
+  const std::string why = !late_why.empty() ? late_why : bytes == last_bytes_ ? unmoved_why : "";
+  const std::string since = FormatSinceLast(bytes - last_bytes_, seconds - last_seconds_, why);
+  if (why.empty()) {  // the next line's span starts here
+    last_bytes_ = bytes;
+    last_seconds_ = seconds;
+  }
   const std::string line = FormatProgress(writes, expected_, bytes, seconds, link_gbps_) + since;
   std::printf(tty_ ? "\r%s\033[K" : "%s\n", line.c_str());
   std::fflush(stdout);

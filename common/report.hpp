@@ -62,6 +62,9 @@ struct Summary {
   int emulated_write = -1;
   // 07: the entries of each receiving lane's CQ (0: the provider's default, not asked).
   size_t receiver_cq_entries = 0;
+  // 07: the timed WRITEs' completions its receivers read: one per WRITE, or with --immediate
+  // last one per lane of each request (0: not counted).
+  uint64_t receiver_completions = 0;
   // 07: per NIC, the bytes of the pages its lanes received and what the NIC itself counted on
   // the wire meanwhile (-1: no counter, e.g. shm), in the order of the lanes.
   struct Nic {
@@ -161,15 +164,27 @@ FILE* EssentialOut();
 std::string FormatProgress(uint64_t writes, uint64_t expected_writes, uint64_t bytes,
                            double seconds, double link_gbps);
 
+// What a progress line says of the span since the last line whose count was current: "; last
+// 1.0 s: 3.918 Gbps", or, where the count lags what landed (`late_why`: a receiver inside one
+// long provider call, or a count that moves once per part of a request), "; last 2.0 s: not
+// counted yet (WHY)": a rate over a count that comes in bursts would claim more than the link
+// carries (a 2-core host printed 336 Gbps over shm).
+std::string FormatSinceLast(uint64_t bytes, double seconds, const std::string& late_why);
+
 // The progress line of a running transfer: rewritten in place on a terminal, one line every
 // few seconds otherwise, the first a second after it was made.
 class ProgressLine {
  public:
   // A line every `every` seconds (0: each second on a terminal, every 5 s otherwise), each
-  // with the rate since the line before (what a client that shares the server sees change).
+  // with the rate since the last line whose count was current (what a client that shares the
+  // server sees change).
   ProgressLine(uint64_t expected_writes, double link_gbps, double every = 0);
-  void Update(uint64_t writes, uint64_t bytes, double seconds);
+  // `late_why`: why the count lags what landed now ("": it does not); `unmoved_why`: why a
+  // count that has not moved since the last line need not mean nothing landed ("": it does).
+  void Update(uint64_t writes, uint64_t bytes, double seconds, const std::string& late_why = "",
+              const std::string& unmoved_why = "");
   void End();  // ends the line on a terminal
+  double every_seconds() const;
 
  private:
   uint64_t expected_;
@@ -178,7 +193,7 @@ class ProgressLine {
   bool printed_ = false;
   std::chrono::steady_clock::duration every_;
   std::chrono::steady_clock::time_point next_;
-  uint64_t last_bytes_ = 0;
+  uint64_t last_bytes_ = 0;  // at the last line whose count was current
   double last_seconds_ = 0;
 };
 

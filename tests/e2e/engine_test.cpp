@@ -15,6 +15,7 @@
 #include <fstream>
 #include <iterator>
 #include <memory>
+#include <regex>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -97,6 +98,35 @@ TEST_P(Engine, OneTwoAndFourLanesWithOneAndTwoThreads) {
   EXPECT_NE(done.out.find("2 lanes, 1 thread,"), std::string::npos) << done.out;
   EXPECT_NE(done.out.find("4 lanes, 2 threads,"), std::string::npos) << done.out;
   EXPECT_NE(done.out.find("served 6 clients"), std::string::npos) << done.out;
+}
+
+// --immediate last, as the published run marked its WRITEs: only each lane's last WRITE of a
+// request carries the immediate data, once the others completed, so the receivers read one
+// completion per lane of a request instead of one per WRITE, and every page still arrives and
+// is verified, over 4 lanes and 2 threads, with pages dealt unevenly (61 per request) and fewer
+// pages than lanes (2 per request). Beside it, a client of the default on the same server.
+TEST_P(Engine, ImmediateDataOnEachLanesLastWriteOnly) {
+  StageServer server(kStage, provider(), 3, {"--memory", "host", "--nics", "4"});
+  ASSERT_FALSE(server.address().empty());
+  for (int pages : {61, 2}) {
+    Result client =
+        RunClient(kStage, provider(), server.address(),
+                  Small(pages, {"--nics", "4", "--threads", "2", "--immediate", "last", "--json"}));
+    ASSERT_EQ(client.exit_code, 0) << pages << " pages\n" << client.out << client.err;
+    EXPECT_EQ(NumberAfter(client.out, "\"verified_bytes\":"), pages * 16384LL * 2) << client.out;
+    EXPECT_EQ(NumberAfter(client.out, "\"writes\":"), pages * 2LL * 2) << client.out;
+    // 2 requests, each over min(pages, 4) lanes: one completion each.
+    EXPECT_EQ(NumberAfter(client.out, "\"receiver_completions\":"), 2LL * std::min(pages, 4))
+        << client.out;
+  }
+  Result every = RunClient(kStage, provider(), server.address(),
+                           Small(61, {"--nics", "4", "--threads", "2", "--json"}));
+  ASSERT_EQ(every.exit_code, 0) << every.out << every.err;
+  EXPECT_EQ(NumberAfter(every.out, "\"receiver_completions\":"), 61LL * 2 * 2) << every.out;
+  Result done = server.Wait();
+  EXPECT_EQ(done.exit_code, 0) << done.err;
+  EXPECT_NE(done.out.find("immediate data on each lane's last WRITE"), std::string::npos)
+      << done.out;
 }
 
 // CPU time by thread role, on both sides: the client's main thread (which only watches) and its
@@ -243,7 +273,14 @@ TEST_P(Engine, EverySwitchOfTheLadderDoesWhatItSays) {
   EXPECT_NE(log.find("warmup: 32 WRITEs"), std::string::npos) << log;  // 2 lanes x 16
   EXPECT_TRUE(has(3, "2 threads (" + all + ", memory anywhere; " + all + ", memory anywhere)"))
       << lines[3];
-  EXPECT_TRUE(has(4, "2 threads (cpus 0, memory anywhere; cpus 1, memory anywhere)")) << lines[4];
+  // Pinned: each thread on one core of its own (which ones, the cores no other pinned thread
+  // of this host holds: tests that run beside this one take theirs).
+  std::smatch pinned;
+  ASSERT_TRUE(std::regex_search(
+      lines[4], pinned,
+      std::regex(R"(2 threads \(cpus (\d+), memory anywhere; cpus (\d+), memory anywhere\))")))
+      << lines[4];
+  EXPECT_NE(pinned[1].str(), pinned[2].str()) << lines[4];
   EXPECT_TRUE(has(4, " 0 moves between cores")) << lines[4];  // pinned: never on another core
   EXPECT_FALSE(has(4, " 0 lock acquisitions")) << lines[4];
   EXPECT_TRUE(has(5, " 0 lock acquisitions")) << lines[5];
@@ -252,7 +289,8 @@ TEST_P(Engine, EverySwitchOfTheLadderDoesWhatItSays) {
   EXPECT_TRUE(has(6, " 0% posted from the CQ poll")) << lines[6];
   EXPECT_TRUE(has(7, " 100% posted from the CQ poll")) << lines[7];
   EXPECT_TRUE(has(7, "memory anywhere")) << lines[7];
-  EXPECT_TRUE(has(8, "cpus 0, memory bound to node 0")) << lines[8];
+  EXPECT_TRUE(std::regex_search(lines[8], std::regex(R"(\(cpus \d+, memory bound to node 0;)")))
+      << lines[8];
   EXPECT_TRUE(has(8, "1.00 WRITEs per doorbell")) << lines[8];
   // FI_MORE on all but the last of each group of 16. shm and tcp read no FI_MORE (only efa
   // does): the server says so, and each WRITE stays a doorbell of its own. (What the groups
@@ -481,8 +519,12 @@ TEST_P(Engine, NoCommandIsPromisedTwice) {
   Process kept = client("300");
   ASSERT_TRUE(WaitForOutput(kept, "progress:", 60s)) << kept.Output() << server.process().Output();
   Process doomed = client("100000");
-  ASSERT_TRUE(WaitForOutput(doomed, "progress:", 60s))
+  // Its WRITEs flow once the server warmed it up. Not from its progress line: over shm 2.x on
+  // a host of many cores its receiver may drain for minutes inside one fi_cq_read, counting
+  // nothing meanwhile (docs/failure-modes.md, "When a client waits").
+  ASSERT_TRUE(WaitForOutput(server.process(), "client 2: warmup: ", 60s))
       << doomed.Output() << server.process().Output();
+  std::this_thread::sleep_for(500ms);
   Result third = RunClient(kStage, provider(), server.address(), Small(64, {"-W", "400"}));
   EXPECT_EQ(third.exit_code, 75) << third.out << third.err;
   EXPECT_NE(third.err.find("the server is busy (lane 0's 1024 WRITE commands: 800 promised to the "
@@ -879,17 +921,23 @@ TEST(DeadClientsLock, EndsTheServerWithItsReason) {
     ASSERT_TRUE(WaitForOutput(server->process(), "client 1: warmup: ", 60s))
         << server->process().Output();
     doomed.Signal(SIGUSR1);
-    if (wedges) {
-      Result d = doomed.Wait(30s);
-      ASSERT_NE(d.err.find("die_holding_lock: killed holding a lock in shared memory"),
-                std::string::npos)
-          << d.out << d.err;
-    } else {  // no such lock: it lives, and is killed mid-transfer instead
-      std::this_thread::sleep_for(1s);
+    // 1.17 takes the lock with every message it reads; 2.6 only as it frees an inject buffer,
+    // which a receiver draining for good inside one fi_cq_read (many cores: the writer never
+    // lets the queue empty) may not do for a long while: there it is killed instead.
+    const bool died = WaitForOutput(doomed,
+                                    "die_holding_lock: killed holding a lock in shared "
+                                    "memory",
+                                    must_meet ? 30s : 10s);
+    if (must_meet) {
+      ASSERT_TRUE(died) << doomed.Output() << doomed.Errors();
+    }
+    if (!died) {  // no such lock met: it lives, and is killed mid-transfer instead
       doomed.Signal(SIGKILL);
     }
+    doomed.Wait(10s);
     // The data thread meets the lock: the line, and exit 1 (1.17 always; 2.6 when it had room).
-    if (wedges && (must_meet || WaitForOutput(server->process(), "will not come back", 10s))) {
+    if (wedges && died &&
+        (must_meet || WaitForOutput(server->process(), "will not come back", 10s))) {
       Result done = server->Wait(30s);
       EXPECT_EQ(done.exit_code, 1) << done.out << done.err;
       // Or (1.17) the lane's WRITEs, complete in order, never complete again (README.md).

@@ -175,7 +175,7 @@ TEST(Protocol, HeaderFieldsAreChecked) {
   ExpectRejected(bad, "wrong magic");
   bad = good;
   Poke<uint16_t>(bad, 4, 1);
-  ExpectRejected(bad, "wire version 1 (this program speaks 4)");
+  ExpectRejected(bad, "wire version 1 (this program speaks " + std::to_string(kVersion) + ")");
   bad = good;
   Poke<uint16_t>(bad, 6, 99);
   ExpectRejected(bad, "unknown message type 99");
@@ -289,18 +289,22 @@ TEST(Protocol, AMismatchedServerIsNamed) {
 TEST(Protocol, AnotherVersionIsReadWhereItKeepsItsPlace) {
   const uint32_t own = OwnStage();
   SetOwnStage(7);
-  auto error = Encode(ErrorReply{0, "07_full_p5 speaks wire version 5"}, 9);
+  const std::string next = std::to_string(kVersion + 1), own_version = std::to_string(kVersion);
+  auto error = Encode(ErrorReply{0, "07_full_p5 speaks wire version " + next}, 9);
   Poke<uint16_t>(error, offsetof(Header, version), kVersion + 1);
   uint32_t token = 0;
   auto e = std::get<ErrorReply>(Decode(error, &token));
   EXPECT_EQ(token, 9u);
   EXPECT_EQ(e.version, kVersion + 1);
   EXPECT_EQ(Mismatch(e),
-            "the server speaks wire version 5 and 07_full_p5 version 4: run a client and a server "
-            "of one release (it said: 07_full_p5 speaks wire version 5)");
+            "the server speaks wire version " + next + " and 07_full_p5 version " + own_version +
+                ": run a client and a server of one release (it said: 07_full_p5 speaks wire "
+                "version " +
+                next + ")");
   auto accept = Encode(Accept{{}, 0, 1});
   Poke<uint16_t>(accept, offsetof(Header, version), kVersion + 1);
-  ExpectRejected(accept, "wire version 5 (this program speaks 4)");  // only ERROR is stable
+  ExpectRejected(accept, "wire version " + next + " (this program speaks " + own_version +
+                             ")");  // only ERROR is stable
 
   Connect c = SampleConnect();
   auto connect = Encode(c, 77);

@@ -125,6 +125,10 @@ TEST(Report, ProgressLineInThePublishedForm) {
   // Without a known link rate there is no percentage of it.
   EXPECT_EQ(FormatProgress(10, 0, 1000, 1, 0),
             "progress: 1.0 s, 0.0% done, 10 ops, 0.0 MB, 0.000 Gbps, 0.0000 Mpps");
+  // The span since the last current count: a rate, or, while the count lags, no rate at all.
+  EXPECT_EQ(FormatSinceLast(500'000'000, 2, ""), "; last 2.0 s: 2.000 Gbps");
+  EXPECT_EQ(FormatSinceLast(0, 1, "a receiver is 1.2 s into one provider call"),
+            "; last 1.0 s: not counted yet (a receiver is 1.2 s into one provider call)");
 }
 
 // Per NIC, the pages' bytes and the wire's, for 32 NICs whole (a JSON line far longer than a
@@ -139,7 +143,8 @@ TEST(Report, NicsAndEmulatedWrite) {
   s.nics.push_back({"shm", 4096, -1});
   s.step = "+ warmup";
   const std::string json = FormatSummary(s, true);
-  EXPECT_NE(json.find(",\"emulated_write\":false,\"receiver_cq_entries\":null,\"nics\":[{\"name\":"
+  EXPECT_NE(json.find(",\"emulated_write\":false,\"receiver_cq_entries\":null,\"receiver_"
+                      "completions\":null,\"nics\":[{\"name\":"
                       "\"rdmap79s0-rdm\",\"bytes\":1048576,\"wire_bytes\":1049576},"),
             std::string::npos)
       << json;
