@@ -86,12 +86,15 @@ static std::string HowDirect(fid_domain* domain, const fi_info& info, bool dmabu
   const int rc = fi_setopt(&ep->fid, FI_OPT_ENDPOINT, FI_OPT_CUDA_API_PERMITTED, &permitted,
                            sizeof(permitted));
   fi_close(&ep->fid);
+  // How the memory was registered, where the path's words do not say it already.
+  const std::string registered = dmabuf ? "; registered as a dmabuf" : "; registered by address";
   if (rc == 0 && Has(Quirk::kCopiesGpuThroughSockets, info)) {  // a socket provider
     *nic_only = true;
     *copies = true;
     return provider +
            " copies GPU memory to and from its sockets itself (no NIC reads GPU memory: no "
-           "GPUDirect RDMA)";
+           "GPUDirect RDMA)" +
+           registered;
   }
   if (rc == 0) {
     *nic_only = true;
@@ -103,12 +106,14 @@ static std::string HowDirect(fid_domain* domain, const fi_info& info, bool dmabu
       return allocation == GpuAllocation::kVmm
                  ? "shm copies VMM memory through its host bounce buffers with the CUDA API, "
                    "one transfer at a time per peer (CUDA IPC opens cudaMalloc's memory only): "
-                   "a slow path, about 20 Gbps on an H200 whatever the page size or threads"
-                 : "CUDA IPC: shm copies GPU to GPU with the CUDA API";
+                   "a slow path, about 20 Gbps on an H200 whatever the page size or threads" +
+                       registered
+                 : "CUDA IPC: shm copies GPU to GPU with the CUDA API" + registered;
     *copies = true;
     return provider +
            " copies GPU memory through host memory with the CUDA API: no GPUDirect RDMA here, "
-           "a slow path";
+           "a slow path" +
+           registered;
   }
 #else
   (void)domain;

@@ -12,7 +12,11 @@ import sys
 import tempfile
 import time
 
-import jsonschema
+try:
+    import jsonschema
+except ImportError:  # scripts/install-deps installs it; without it, skipped (77), not failed
+    print("skipped: no Python module jsonschema (python3-jsonschema: scripts/install-deps)")
+    sys.exit(77)
 
 source, build = sys.argv[1], sys.argv[2]
 with open(os.path.join(source, "docs", "record.schema.json")) as f:

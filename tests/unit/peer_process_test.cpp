@@ -100,9 +100,10 @@ TEST(PeerProcess, ATcpPeerIsThereWhileItsConnectionIsOpen) {
 // bytes for it: with its window open they are retransmitted, with its window at zero (a
 // reader that had stopped reading) the kernel probes it; neither is answered, and either way
 // the peer is seen as unanswered within seconds (not as a stopped reader's open connection).
-// The child's exit code: 0 seen, 1 never seen, 2 set-up failed, 3 seen before the link went.
+// The child's exit code: 0 seen, 1 never seen, 2 set-up failed, 3 seen before the link went,
+// 4 no network namespace of its own here (a container without CAP_SYS_ADMIN, no iproute2).
 int LinkGoesWith(bool zero_window) {
-  if (unshare(CLONE_NEWNET) != 0 || std::system("ip link set lo up") != 0) return 2;
+  if (unshare(CLONE_NEWNET) != 0 || std::system("ip link set lo up >/dev/null 2>&1") != 0) return 4;
   const int listener = socket(AF_INET, SOCK_STREAM, 0);
   const int small = 4096;
   setsockopt(listener, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));  // inherited
@@ -143,6 +144,8 @@ void ExpectUnansweredOnceTheLinkGoes(bool zero_window) {
   int status = 0;
   ASSERT_EQ(waitpid(child, &status, 0), child);
   ASSERT_TRUE(WIFEXITED(status));
+  if (WEXITSTATUS(status) == 4)
+    GTEST_SKIP() << "no network namespace of its own here (unshare(CLONE_NEWNET), ip link)";
   EXPECT_EQ(WEXITSTATUS(status), 0) << "1: still answering 15 s after the link went; 2: set-up "
                                        "failed; 3: not answering before it went";
 }
