@@ -151,58 +151,86 @@ void CountCompletion(Op* op) {
   // </rung doorbell>
   CountWrite(op);
 }
-// Clients that come and go, and new shares, from the control thread. A client's entries go
-// into the lanes' AVs here, by the thread that owns the lanes.
-void TakeInbox(Worker& w) {
-  if (!w.has_inbox) return;
-  std::vector<std::unique_ptr<Share>> shares;
-  std::vector<PeerSlot*> joining, leaving;
+void CommandQueue::Push(WorkerCommand command) {
   {
-    std::lock_guard lock(w.inbox_mutex);
-    shares.swap(w.inbox);
-    joining.swap(w.joining);
-    leaving.swap(w.leaving);
-    w.has_inbox = false;
+    std::lock_guard lock(mutex_);
+    commands_.push_back(std::move(command));
+    waiting_.store(true, std::memory_order_release);
   }
-  for (PeerSlot* slot : joining) {
-    try {
-      for (size_t l = 0; l < slot->lanes_used; ++l)
-        slot->dest.push_back(w.lanes[l].AddPeerAddress(slot->peer->addresses[w.first_lane + l]));
-      slot->moves_at_join = w.core_moves.load(std::memory_order_relaxed);
-      slot->cpu_at_join = ThreadCpuSeconds();
-      w.slots.push_back(slot);
-    } catch (const std::exception& e) {
-      slot->peer->Fail(e.what());
-      slot->leaving = true;
-      slot->left.store(true, std::memory_order_release);
-    }
-    slot->joined.store(true, std::memory_order_release);
-  }
-  for (auto& share : shares) {
-    PeerSlot& slot = *share->slot;
-    if (slot.leaving) continue;  // a request that crossed its BYE
-    slot.shares.push_back(std::move(share));
-    slot.shares_held.store(slot.shares.size(), std::memory_order_relaxed);
-    slot.last_work.store(Clock::now().time_since_epoch().count(), std::memory_order_relaxed);
-  }
-  for (PeerSlot* slot : leaving) {
-    if (slot->left) continue;
-    // No new WRITE for it: what is not begun is dropped, what is begun ends with the WRITEs
-    // already prepared, which complete (or fail) as any other.
+  ready_.notify_all();
+}
+std::vector<WorkerCommand> CommandQueue::TakeAll() {
+  std::vector<WorkerCommand> taken;
+  std::lock_guard lock(mutex_);
+  taken.swap(commands_);
+  waiting_.store(false, std::memory_order_release);
+  return taken;
+}
+void CommandQueue::WaitFor(std::chrono::milliseconds limit, const std::atomic<bool>& stop) {
+  std::unique_lock lock(mutex_);
+  ready_.wait_for(lock, limit, [&] { return waiting() || stop.load(); });
+}
+void CommandQueue::Wake() {
+  { std::lock_guard lock(mutex_); }  // so that a thread about to sleep sees the flag first
+  ready_.notify_all();
+}
+// A client joins: its entries go into the lanes' AVs here, by the thread that owns the lanes.
+void Join(Worker& w, PeerSlot* slot) {
+  try {
+    for (size_t l = 0; l < slot->lanes_used; ++l)
+      slot->dest.push_back(w.lanes[l].AddPeerAddress(slot->peer->addresses[w.first_lane + l]));
+    slot->moves_at_join = w.core_moves.load(std::memory_order_relaxed);
+    slot->cpu_at_join = ThreadCpuSeconds();
+    w.slots.push_back(slot);
+  } catch (const std::exception& e) {
+    slot->peer->Fail(e.what());
     slot->leaving = true;
-    std::erase_if(slot->shares, [](const auto& s) { return s->prepared == 0; });
-    for (auto& share : slot->shares) {
-      share->total = share->prepared;
-      for (Op*& last : share->last)
-        if (last != nullptr) ReturnOp(std::exchange(last, nullptr), false);
+    slot->left.store(true, std::memory_order_release);
+  }
+  slot->joined.store(true, std::memory_order_release);
+}
+// A share of a request to serve.
+void Serve(std::unique_ptr<Share> share) {
+  PeerSlot& slot = *share->slot;
+  if (slot.leaving) return;  // a request that crossed its BYE
+  slot.shares.push_back(std::move(share));
+  slot.shares_held.store(slot.shares.size(), std::memory_order_relaxed);
+  slot.last_work.store(Clock::now().time_since_epoch().count(), std::memory_order_relaxed);
+}
+// A client leaves: no new WRITEs for it. What is not begun is dropped, what is begun ends
+// with the WRITEs already prepared, which complete (or fail) as any other.
+void StartLeaving(PeerSlot* slot) {
+  if (slot->left) return;
+  slot->leaving = true;
+  std::erase_if(slot->shares, [](const auto& s) { return s->prepared == 0; });
+  for (auto& share : slot->shares) {
+    share->total = share->prepared;
+    for (Op*& last : share->last)
+      if (last != nullptr) ReturnOp(std::exchange(last, nullptr), false);
+  }
+  // WRITEs prepared and not posted are dropped, unless some went out with FI_MORE before
+  // them: the provider may hold those until a post rings the doorbell.
+  for (size_t l = 0; l < slot->pending.size(); ++l) {
+    for (PendingWrites& queue = slot->pending[l]; !slot->held_back[l] && !queue.empty();) {
+      ReturnOp(queue.front(), false);
+      queue.pop_front();
     }
-    // WRITEs prepared and not posted are dropped, unless some went out with FI_MORE before
-    // them: the provider may hold those until a post rings the doorbell.
-    for (size_t l = 0; l < slot->pending.size(); ++l) {
-      for (PendingWrites& queue = slot->pending[l]; !slot->held_back[l] && !queue.empty();) {
-        ReturnOp(queue.front(), false);
-        queue.pop_front();
-      }
+  }
+}
+// What the control thread handed over since the last round, in the order it happened.
+void TakeCommands(Worker& w) {
+  if (!w.inbox.waiting()) return;
+  for (WorkerCommand& command : w.inbox.TakeAll()) {
+    switch (command.kind) {
+      case WorkerCommand::kJoin:
+        Join(w, command.slot);
+        break;
+      case WorkerCommand::kServe:
+        Serve(std::move(command.share));
+        break;
+      case WorkerCommand::kLeave:
+        StartLeaving(command.slot);
+        break;
     }
   }
 }
@@ -461,7 +489,7 @@ constexpr auto kStalled = std::chrono::milliseconds(20);
 // One round: clients and shares taken, completions read, WRITEs posted, finished work handed
 // back. Returns the completions read.
 size_t Round(Worker& w) {
-  TakeInbox(w);
+  TakeCommands(w);
   const size_t done = PollLanes(w);
   PostWrites(w);
   if (done > 0) {
@@ -510,10 +538,8 @@ void RunWorker(Worker& w) {
       const bool owed = std::any_of(w.slots.begin(), w.slots.end(),
                                     [](const PeerSlot* s) { return !s->shares.empty(); });
       if (!owed) {  // nothing to do: sleep until the control thread hands something over
-        std::unique_lock lock(w.inbox_mutex);
-        w.inbox_ready.wait_for(lock, std::chrono::milliseconds(100),
-                               [&] { return w.has_inbox.load() || w.stop.load(); });
-      } else if (done == 0 && e.wait == WaitMode::kBlock && !w.has_inbox &&
+        w.inbox.WaitFor(std::chrono::milliseconds(100), w.stop);
+      } else if (done == 0 && e.wait == WaitMode::kBlock && !w.inbox.waiting() &&
                  std::all_of(w.slots.begin(), w.slots.end(), [](const PeerSlot* s) {
                    return std::all_of(s->pending.begin(), s->pending.end(),
                                       [](const auto& queue) { return queue.empty(); });

@@ -6,13 +6,14 @@
 // A client's life in the engine (a Peer, and a PeerSlot per data thread that drives one of
 // its lanes; the service's own record of it is service.cpp's Client):
 //  1. Joining. Engine::Open checks its CONNECT (lanes, window, room for its commands; busy
-//     otherwise), makes its Peer and hands each thread its slot (Worker::joining); the thread
-//     puts its addresses into its lanes' AVs (TakeInbox) and sets `joined`.
+//     otherwise), makes its Peer and hands each thread its slot (WorkerCommand::kJoin); the
+//     thread puts its addresses into its lanes' AVs (TakeCommands) and sets `joined`.
 //  2. Serving. Peer::Dispatch splits each request into shares, one per thread; the threads
 //     post its WRITEs; Peer::Poll reports finished requests, failures and a stall (no WRITE
 //     completed while some are in flight: told once, with where the thread is).
 //  3. Leaving. BYE, a failure, or the service dropping it: Peer::Leave hands each slot back
-//     (Worker::leaving); a thread drops what it has not begun and waits for what is in flight.
+//     (WorkerCommand::kLeave); a thread drops what it has not begun and waits for what is in
+//     flight.
 //  4. Left. Every thread let its slot go (`left`): its AV entries are removed (or kept where
 //     the provider cannot remove them: Quirk::kRemoveNeedsMappedPeer), its window uncommitted,
 //     its totals printed, the Peer freed.
@@ -177,12 +178,7 @@ std::string Peer::Dispatch(wire::Transfer transfer) {
       share->unfinished.assign(worker.lane_count, 0);
       share->last.assign(worker.lane_count, nullptr);
     }
-    {
-      std::lock_guard lock(worker.inbox_mutex);
-      worker.inbox.push_back(std::move(share));
-      worker.has_inbox = true;
-    }
-    worker.inbox_ready.notify_all();
+    worker.inbox.Push({WorkerCommand::kServe, slot, std::move(share)});
   }
   return "";
 }
@@ -270,17 +266,11 @@ service::Session::Leaving Peer::Leave() {
   if (!leaving_since) {
     leaving_since = Clock::now();
     for (auto& slot : slots) {
-      // A slot its thread could not take (TakeInbox) has left already: handed over now, the
+      // A slot its thread could not take (TakeCommands) has left already: handed over now, the
       // thread would read it after this Peer is freed, and a newcomer's slot allocated at the
       // same address would be the one it drops (a crowd's admitted client that got nothing).
       if (slot->left.load(std::memory_order_acquire)) continue;
-      Worker& w = *slot->worker;
-      {
-        std::lock_guard lock(w.inbox_mutex);
-        w.leaving.push_back(slot.get());
-        w.has_inbox = true;
-      }
-      w.inbox_ready.notify_all();
+      slot->worker->inbox.Push({WorkerCommand::kLeave, slot.get(), nullptr});
     }
   }
   if (std::all_of(slots.begin(), slots.end(), [](const auto& s) {
@@ -483,10 +473,7 @@ bool StopWorkers(std::vector<std::unique_ptr<Worker>>& workers) {
   bool all = true;
   for (auto& w : workers) {
     w->stop = true;
-    {
-      std::lock_guard lock(w->inbox_mutex);  // so no thread misses the wake-up
-    }
-    w->inbox_ready.notify_all();
+    w->inbox.Wake();
   }
   const auto deadline = Clock::now() + std::chrono::seconds(kStopSeconds);
   for (auto& w : workers) {
@@ -685,15 +672,7 @@ std::unique_ptr<service::Session> Engine::Open(const wire::Connect& connect) {
   }
   // Its entries go into the AVs by the threads that own the lanes (FI_THREAD_DOMAIN: one
   // thread at a time uses a domain).
-  for (auto& slot : p->slots) {
-    Worker& w = *slot->worker;
-    {
-      std::lock_guard lock(w.inbox_mutex);
-      w.joining.push_back(slot.get());
-      w.has_inbox = true;
-    }
-    w.inbox_ready.notify_all();
-  }
+  for (auto& slot : p->slots) slot->worker->inbox.Push({WorkerCommand::kJoin, slot.get(), nullptr});
   const auto deadline = Clock::now() + std::chrono::seconds(10);
   auto joined = [&] {
     return std::all_of(p->slots.begin(), p->slots.end(),

@@ -235,6 +235,33 @@ struct Share {
   Clock::time_point first_post{}, last_completion{};
 };
 
+// What the control thread hands a data thread, in the order it happens: a client joins (its
+// slot), a share of a request to serve, a client leaves. One queue, so a thread takes them
+// as they were given (pplx-garden's fabric-lib feeds its workers so: WorkerCommand).
+struct WorkerCommand {
+  enum Kind { kJoin, kServe, kLeave } kind;
+  PeerSlot* slot = nullptr;      // kJoin, kLeave
+  std::unique_ptr<Share> share;  // kServe
+};
+// A data thread's inbox. The control thread pushes (and wakes the thread); the thread takes
+// everything at once each round. `waiting` is read without the lock: a round with nothing to
+// take costs one load.
+class CommandQueue {
+ public:
+  void Push(WorkerCommand command);
+  std::vector<WorkerCommand> TakeAll();
+  bool waiting() const { return waiting_.load(std::memory_order_acquire); }
+  // Sleeps until a command comes, `stop` is set (Wake) or `limit` passes.
+  void WaitFor(std::chrono::milliseconds limit, const std::atomic<bool>& stop);
+  void Wake();
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable ready_;
+  std::vector<WorkerCommand> commands_;
+  std::atomic<bool> waiting_{false};
+};
+
 struct Engine;
 // How the engine is built, for all its clients: what the engine rungs switch (threads,
 // pinning, sharding, NUMA). A client's posting settings (batch, lazy, doorbell, window) are
@@ -274,12 +301,8 @@ struct Worker {
   // round (sched_getcpu, read from the vDSO each round; -1 before the first).
   std::atomic<uint64_t> core_moves{0};
   int last_core = -1;
-  std::string placement;   // where the OS says the thread runs and allocates
-  std::mutex inbox_mutex;  // the control thread hands clients and shares over here
-  std::condition_variable inbox_ready;
-  std::vector<std::unique_ptr<Share>> inbox;
-  std::vector<PeerSlot*> joining, leaving;
-  std::atomic<bool> has_inbox{false};
+  std::string placement;  // where the OS says the thread runs and allocates
+  CommandQueue inbox;     // clients and shares, from the control thread
   // The control thread's: the rounds it saw last, and when (a thread stuck in the provider).
   uint64_t rounds_seen = 0;
   Clock::time_point seen_at = Clock::now();
