@@ -577,6 +577,12 @@ std::string Engine::Notice(const wire::Engine& asked) const {
   return std::string(wire::kAsIs) + DescribeShape(shape) + ", not " + DescribeShape(wanted) +
          " (another client is on)";
 }
+uint64_t Engine::WindowRoom(size_t lane) const {
+  const uint64_t queue = plan.lanes[lane]->tx_attr->size;
+  if (!Has(Quirk::kHoldsCommandUntilAnswered, *plan.lanes[lane])) return kQueueTurns * queue;
+  const uint64_t gone = lane < held.size() ? held[lane] : 0;
+  return queue - std::min(queue, gone);
+}
 // A CONNECT: the client's entry in the lanes it has. An engine rung it asks for that the
 // engine does not have is built for it when no other client is connected (--ladder's rungs,
 // one client after another); otherwise it is served by the engine as it is, and told so.
@@ -615,7 +621,7 @@ std::unique_ptr<service::Session> Engine::Open(const wire::Connect& connect) {
   for (size_t l = 0; l < used; ++l) {
     const uint64_t queue = plan.lanes[l]->tx_attr->size;
     if (!Has(Quirk::kHoldsCommandUntilAnswered, *plan.lanes[l]) ||
-        held[l] + committed[l] + settings.window <= queue)
+        committed[l] + settings.window <= WindowRoom(l))
       continue;
     throw Busy("lane " + std::to_string(l) + "'s " + std::to_string(queue) + " WRITE commands: " +
                std::to_string(committed[l]) + " promised to the clients connected" +
@@ -629,7 +635,7 @@ std::unique_ptr<service::Session> Engine::Open(const wire::Connect& connect) {
   // newcomer would wait more turns than that for its first WRITE while every client is slowed,
   // so it is told busy now instead (its own exit code; it may try again).
   for (size_t l = 0; l < used; ++l)
-    if (committed[l] + settings.window > kQueueTurns * plan.lanes[l]->tx_attr->size)
+    if (committed[l] + settings.window > WindowRoom(l))
       throw Busy("lane " + std::to_string(l) + " serves windows of " +
                  std::to_string(committed[l]) + " WRITEs, " + std::to_string(kQueueTurns) +
                  " times its queue of " + std::to_string(plan.lanes[l]->tx_attr->size));

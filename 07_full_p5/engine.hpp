@@ -426,6 +426,10 @@ struct Engine : service::Engine {
   std::string Notice(const wire::Engine& asked) const override;
   Report Watch() override;
   bool Reclaim() override;
+  // The WRITE commands the windows of a lane's clients may add up to (Open tells the next
+  // client busy past it): the provider's queue where a WRITE holds its command until answered,
+  // less what gone clients hold; else kQueueTurns queues' worth.
+  uint64_t WindowRoom(size_t lane) const;
   // Opens the lanes and threads for `shape` (closing what was open first).
   void Build(const Shape& shape);
   void MakeSources();

@@ -318,12 +318,11 @@ int ServerMain(const Options& options) {
   // Control messages have an endpoint of their own on lane 0's NIC (service.cpp); the data
   // lanes are opened once, by the threads that drive them, for every client.
   Engine engine(options, plan, topology, wait, path);
-  // Capacity, stated: clients of the default window share each lane's queue (Engine::Open
-  // tells the one past kQueueTurns queues' worth "busy", or past one where a WRITE holds its
-  // command until answered), and at most --max-clients.
+  // Capacity, stated: clients of the default window share each lane's queue, as the engine
+  // admits them (Engine::WindowRoom), and at most --max-clients.
   const uint64_t queue = plan.lanes[0]->tx_attr->size;
-  const uint64_t turns = Has(Quirk::kHoldsCommandUntilAnswered, *plan.lanes[0]) ? 1 : kQueueTurns;
-  const uint64_t by_queue = turns * queue / std::max<uint64_t>(options.window, 1);
+  const uint64_t turns = engine.WindowRoom(0) / queue;
+  const uint64_t by_queue = engine.WindowRoom(0) / std::max<uint64_t>(options.window, 1);
   std::printf(
       "capacity: %s of -W %llu at once (%llu x a lane's queue of %llu WRITEs; "
       "--max-clients %llu); more are told busy at once\n",
