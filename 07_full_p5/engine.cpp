@@ -64,10 +64,10 @@ std::string Whereabouts(PeerSlot& slot) {
   Worker& w = *slot.worker;
   const double cpu = CpuSecondsOf(w.thread);
   std::string s = "; ";
-  if (cpu >= 0 && slot.cpu_at_completion >= 0)
+  if (cpu >= 0 && slot.watch.cpu_at_completion >= 0)
     s += "since then it used " +
          FormatSeconds(std::chrono::duration_cast<Clock::duration>(
-             std::chrono::duration<double>(cpu - slot.cpu_at_completion))) +
+             std::chrono::duration<double>(cpu - slot.watch.cpu_at_completion))) +
          " of CPU, and ";
   return s + "it is now " + WhereIs(w.tid);
 }
@@ -205,18 +205,18 @@ service::Session::Report Peer::Poll() {
     // post taken (the provider or the peer holds the completions), or it did not go round
     // (stuck inside a provider call).
     const Clock::rep work = slot.last_work.load(std::memory_order_relaxed);
-    if (work != slot.completion_seen) {
-      slot.completion_seen = work;
-      slot.rounds_at_completion = rounds;
-      slot.refused_at_completion = w.refused.load(std::memory_order_relaxed);
-      slot.cpu_at_completion = CpuSecondsOf(w.thread);
-      slot.stall_told = false;
+    if (work != slot.watch.completion_seen) {
+      slot.watch.completion_seen = work;
+      slot.watch.rounds_at_completion = rounds;
+      slot.watch.refused_at_completion = w.refused.load(std::memory_order_relaxed);
+      slot.watch.cpu_at_completion = CpuSecondsOf(w.thread);
+      slot.watch.stall_told = false;
     }
     const uint64_t owed = slot.in_flight.load(std::memory_order_relaxed);
     const size_t held = slot.shares_held.load(std::memory_order_relaxed);
-    if (!slot.stall_told && !w.exited && (owed > 0 || held > 0) &&
+    if (!slot.watch.stall_told && !w.exited && (owed > 0 || held > 0) &&
         Clock::now() - LastWork(slot) > told_after) {
-      slot.stall_told = true;
+      slot.watch.stall_told = true;
       report.stalls.push_back(
           "thread " + std::to_string(w.index) + ": no WRITE has completed for " +
           FormatSeconds(told_after) + ", " +
@@ -225,8 +225,10 @@ service::Session::Report Peer::Poll() {
                           (held == 1 ? " of a request waits" : "s of requests wait") +
                           " to be written") +
           "; since its last completion it went round " +
-          std::to_string(rounds - slot.rounds_at_completion) + " times and the provider refused " +
-          std::to_string(w.refused.load(std::memory_order_relaxed) - slot.refused_at_completion) +
+          std::to_string(rounds - slot.watch.rounds_at_completion) +
+          " times and the provider refused " +
+          std::to_string(w.refused.load(std::memory_order_relaxed) -
+                         slot.watch.refused_at_completion) +
           " posts (-FI_EAGAIN)" + Whereabouts(slot));
     }
     report.last_completion = std::max(
@@ -722,25 +724,25 @@ service::Engine::Report Engine::Watch() {
   const auto limit = std::chrono::duration<double>(kWedgedSeconds);
   const auto now = Clock::now();
   if (const auto gap = now - watched_at; gap > std::chrono::seconds(1))
-    for (auto& w : workers) w->seen_at += gap;
+    for (auto& w : workers) w->watch.seen_at += gap;
   watched_at = now;
   for (auto& wp : workers) {
     Worker& w = *wp;
     const uint64_t rounds = w.rounds.load(std::memory_order_relaxed);
-    if (rounds != w.rounds_seen) {
-      w.rounds_seen = rounds;
-      w.seen_at = now;
-      w.cpu_at_seen = CpuSecondsOf(w.thread);
+    if (rounds != w.watch.rounds_seen) {
+      w.watch.rounds_seen = rounds;
+      w.watch.seen_at = now;
+      w.watch.cpu_at_seen = CpuSecondsOf(w.thread);
     }
     if (w.exited) {
       if (report.fatal.empty())
         report.fatal = "data thread " + std::to_string(w.index) + " ended: " + w.failure;
       continue;
     }
-    const auto still = now - w.seen_at;
+    const auto still = now - w.watch.seen_at;
     if (!report.fatal.empty() || still <= limit) continue;
     const double cpu = CpuSecondsOf(w.thread);
-    const double spent = cpu >= 0 && w.cpu_at_seen >= 0 ? cpu - w.cpu_at_seen : -1;
+    const double spent = cpu >= 0 && w.watch.cpu_at_seen >= 0 ? cpu - w.watch.cpu_at_seen : -1;
     const char state = ThreadState(w.tid);
     if (spent >= 0 && spent < 0.5 * kWedgedSeconds && state == 'R') continue;  // kept waiting
     report.fatal = "data thread " + std::to_string(w.index) + " has been stuck in the " +

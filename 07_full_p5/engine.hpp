@@ -303,10 +303,14 @@ struct Worker {
   int last_core = -1;
   std::string placement;  // where the OS says the thread runs and allocates
   CommandQueue inbox;     // clients and shares, from the control thread
-  // The control thread's: the rounds it saw last, and when (a thread stuck in the provider).
-  uint64_t rounds_seen = 0;
-  Clock::time_point seen_at = Clock::now();
-  double cpu_at_seen = -1;  // its CPU time then (a spin spends it; a thread kept waiting does not)
+  // The control thread's alone, never touched by the thread: the rounds it saw last, and when
+  // (a thread stuck in the provider), and its CPU time then (a spin spends it; a thread kept
+  // waiting does not).
+  struct Watch {
+    uint64_t rounds_seen = 0;
+    Clock::time_point seen_at = Clock::now();
+    double cpu_at_seen = -1;
+  } watch;
   std::atomic<bool> ready{false}, exited{false}, stop{false};
   std::string failure;  // why it could not open (read once exited)
   std::atomic<pid_t> tid{0};
@@ -353,12 +357,15 @@ struct PeerSlot {
   std::atomic<size_t> shares_held{0};
   std::atomic<Clock::rep> last_completion{Clock::now().time_since_epoch().count()};
   std::atomic<Clock::rep> last_work{Clock::now().time_since_epoch().count()};
-  // The control thread's, at the client's last work: the thread's rounds, refused posts and
-  // CPU time then, and whether the stall since has been told.
-  Clock::rep completion_seen = 0;
-  uint64_t rounds_at_completion = 0, refused_at_completion = 0;
-  double cpu_at_completion = -1;
-  bool stall_told = false;
+  // The control thread's alone (Peer::Poll), never touched by the data thread: at the
+  // client's last work, the thread's rounds, refused posts and CPU time then, and whether the
+  // stall since has been told.
+  struct Watch {
+    Clock::rep completion_seen = 0;
+    uint64_t rounds_at_completion = 0, refused_at_completion = 0;
+    double cpu_at_completion = -1;
+    bool stall_told = false;
+  } watch;
   uint64_t moves_at_join = 0;  // the thread's core moves and CPU when the client came
   double cpu_at_join = 0, cpu_at_leave = 0;
   std::atomic<bool> joined{false}, left{false};
