@@ -264,6 +264,7 @@ class ClientSession {
   std::vector<wire::Transfer> requests_;
   wire::Transfer warmup_;
   std::vector<uint64_t> expected_per_lane_;
+  std::vector<std::vector<uint64_t>> expected_per_request_;  // [request id][lane]: WRITEs
   // The topology receivers pin with is declared before them, so it outlives them: an early
   // exit (a refused warmup) joins them in ~Receivers, and one may only be pinning itself then.
   Topology topology_;
@@ -412,9 +413,13 @@ void ClientSession::PlanRequests() {
   // </rung warmup>
   // What each lane receives: the pages LaneOf deals it.
   expected_per_lane_.assign(lanes_.size(), 0);
+  expected_per_request_.assign(requests_.size() + 1, std::vector<uint64_t>(lanes_.size()));
   for (const auto& r : requests_)
-    for (size_t i = 0; i < r.pages.size(); ++i)
-      expected_per_lane_[LaneOf(r.request_id, r.pages.size(), i, lanes_.size())] += r.repeat;
+    for (size_t i = 0; i < r.pages.size(); ++i) {
+      const size_t lane = LaneOf(r.request_id, r.pages.size(), i, lanes_.size());
+      expected_per_lane_[lane] += r.repeat;
+      expected_per_request_[r.request_id][lane] += r.repeat;
+    }
   const size_t control_limit = MessageLimit(control_.ep.get(), *control_.info);
   if (std::max(wire::Encode(requests_[0]).size(), wire::Encode(warmup_).size()) > control_limit)
     throw UsageError("--pages " + std::to_string(options_.pages) + ": a TRANSFER of that many " +
@@ -445,14 +450,10 @@ void ClientSession::PlanReceivers() {
     r->per_lane = std::make_unique<std::atomic<uint64_t>[]>(r->lane_count);
     for (size_t l = r->first_lane; l < r->first_lane + r->lane_count; ++l)
       r->owed += expected_per_lane_[l];
-    if (engine_.flags & wire::kEngineLastImmediate) {
-      r->vouches.assign(requests_.size() + 1, std::vector<uint64_t>(r->lane_count));
-      for (const auto& q : requests_)
-        for (size_t i = 0; i < q.pages.size(); ++i)
-          if (const size_t l = LaneOf(q.request_id, q.pages.size(), i, lanes_.size());
-              l >= r->first_lane && l < r->first_lane + r->lane_count)
-            r->vouches[q.request_id][l - r->first_lane] += q.repeat;
-    }
+    if (engine_.flags & wire::kEngineLastImmediate)  // its lanes' part of each request
+      for (const auto& per_lane : expected_per_request_)
+        r->vouches.emplace_back(per_lane.begin() + r->first_lane,
+                                per_lane.begin() + r->first_lane + r->lane_count);
     // Cores from the group's last one down, among those this client was given (taskset,
     // Slurm, a cpuset) and, pinned, those no other process of this host holds: a server and
     // its clients on one host (shm, loopback) then pin to different cores, as on K hosts they
