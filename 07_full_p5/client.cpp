@@ -293,6 +293,7 @@ class ClientSession {
   std::optional<ProgressLine> progress_line_;
   Clock::duration inside_for_{};  // the longest provider call a receiver is in now
   Clock::time_point last_progress_ = Clock::now();
+  Clock::time_point progressed_at_ = Clock::now();  // this thread's last round
   uint64_t seen_ = 0;
   std::vector<uint64_t> lane_seen_;
   std::vector<Clock::time_point> lane_moved_;
@@ -657,6 +658,12 @@ size_t ClientSession::PollControl() {
       });
 }
 void ClientSession::Progress() {
+  // A round over a second after the last one: this process was stopped (SIGSTOP, a debugger)
+  // or not run. That time is ours, not the server's silence (the server keeps a stopped
+  // client's place): the wait for the server resumes where it stood.
+  const auto now = Clock::now();
+  if (now - progressed_at_ > std::chrono::seconds(1)) last_progress_ += now - progressed_at_;
+  progressed_at_ = now;
   if (StopRequested()) {  // Ctrl-C or SIGTERM: BYE; then no thread left in the provider, exit
     SayBye(*mail_, server_, [this] { PollControl(); });
     // WRITEs the server had in flight land before the receivers stop (1.17's shm completes
